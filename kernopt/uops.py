@@ -1,0 +1,119 @@
+"""The UOp IR that the lowerer produces, the graph rewrites transform and the renderers spell; `flops_mem`
+estimates work from a linearized list. Imports dtype, helpers and ops."""
+from __future__ import annotations
+import weakref
+from enum import Enum, auto
+from typing import Any, Optional
+from kernopt.dtype import DType, dtypes
+from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
+
+class UOps(Enum):
+  """Each kind's sources and argument ("-" for none):
+  SINK          src: the STOREs (and other effects) of the kernel                        arg: -
+  DEFINE_GLOBAL src: -                        dtype: element dtype (ImageDType for images)  arg: (index, name, writable)
+  DEFINE_VAR    src: -                        dtype: int32                                   arg: Variable
+  DEFINE_LOCAL  src: -                        dtype: element dtype                           arg: (name, size in elements)
+  DEFINE_ACC    src: the reduce RANGEs it accumulates over   dtype: accumulator dtype        arg: initial value
+  SPECIAL       src: -                        dtype: int32   arg: (dim, name, size): name "gidx<d>" or "lidx<d>"
+  RANGE         src: (start, end)             dtype: int32   arg: (axis, is_reduce)
+  ENDRANGE      src: (RANGE,)                 (only in linearized lists)
+  CONST         src: -                        arg: the Python value (already of dtype's kind)
+  LOAD          src: (buf, idx) | (buf, idx, valid, alt) | (buf, idx, BARRIER)   dtype: may be a vector
+  STORE         src: (buf, idx, value) | (buf, idx, value, valid)               dtype: -
+  ALU           src: operands                 arg: a UnaryOps/BinaryOps/TernaryOps member (not CAST/BITCAST)
+  CAST          src: (x,)                     dtype: target (value conversion)
+  BITCAST       src: (x,)                     dtype: target of the same size (bit reinterpretation)
+  VECTORIZE     src: scalars                  dtype: the vector dtype
+  GEP           src: (vector,)                arg: lane index
+  PHI           src: (DEFINE_ACC, new value)  the accumulator takes the new value (an assignment in the loop)
+  IF            src: (condition,) | (condition, BARRIER)
+  ENDIF         src: (IF,)                    (only in linearized lists)
+  BARRIER       src: the local STOREs it orders
+  WMMA          src: (a, b, c) vectors        arg: ops.WMMAArg
+  For images, idx is an int2 VECTORIZE of (x, y) texel coordinates and LOAD/STORE move float4 texels."""
+  SINK = auto(); DEFINE_GLOBAL = auto(); DEFINE_VAR = auto(); DEFINE_LOCAL = auto(); DEFINE_ACC = auto() # noqa: E702
+  SPECIAL = auto(); RANGE = auto(); ENDRANGE = auto(); CONST = auto(); LOAD = auto(); STORE = auto() # noqa: E702
+  ALU = auto(); CAST = auto(); BITCAST = auto(); VECTORIZE = auto(); GEP = auto(); PHI = auto() # noqa: E702
+  IF = auto(); ENDIF = auto(); BARRIER = auto(); WMMA = auto() # noqa: E702
+
+class UOp:
+  """An interned, immutable node: UOp(op, dtype, src, arg) returns the existing node for equal arguments, so
+  equality and hashing are identity and sharing is automatic."""
+  __slots__ = ("op", "dtype", "src", "arg", "__weakref__", "__dict__")
+  op: UOps
+  dtype: Optional[DType]
+  src: tuple[UOp, ...]
+  arg: Any
+  _interned: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
+
+  def __new__(cls, op: UOps, dtype: Optional[DType] = None, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
+    key = (op, dtype, tuple(map(id, src)), arg if not isinstance(arg, float) else (type(arg), repr(arg)))
+    if (ret := UOp._interned.get(key)) is not None: return ret
+    ret = object.__new__(cls)
+    object.__setattr__(ret, "op", op)
+    object.__setattr__(ret, "dtype", dtype)
+    object.__setattr__(ret, "src", tuple(src))
+    object.__setattr__(ret, "arg", arg)
+    UOp._interned[key] = ret
+    return ret
+
+  def __setattr__(self, name: str, value: Any) -> None: raise AttributeError(f"UOp is immutable (setting {name})")
+  def __reduce__(self) -> tuple: return (UOp, (self.op, self.dtype, self.src, self.arg))
+  def __repr__(self) -> str:
+    return f"UOp({self.op.name}, {self.dtype}, arg={self.arg!r}, src=({', '.join(s.op.name for s in self.src)}))"
+
+  @property
+  def parents(self) -> set[UOp]:
+    """Every UOp this one depends on, transitively (not including itself)."""
+    seen: set[UOp] = set()
+    stack = list(self.src)
+    while stack:
+      u = stack.pop()
+      if u in seen: continue
+      seen.add(u)
+      stack.extend(u.src)
+    return seen
+
+  # small builders for the lowerer and the rewrites
+  @staticmethod
+  def const(dtype: DType, val: Any) -> UOp: return UOp(UOps.CONST, dtype, (), dtypes.as_const(val, dtype))
+  def alu(self, op: Any, *src: UOp, dtype: Optional[DType] = None) -> UOp:
+    out = dtype or (dtypes.bool if op in (BinaryOps.CMPLT, BinaryOps.CMPNE) else
+                    (src[0].dtype if op is TernaryOps.WHERE else self.dtype))
+    return UOp(UOps.ALU, out, (self,) + src, op)
+  def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(UOps.CAST, dtype, (self,))
+
+def flops_mem(uops: list[UOp]) -> tuple[Any, Any]:
+  """(ALU operations, bytes loaded and stored from global memory) executed by one launch of a linearized
+  program: counts inside a RANGE are multiplied by its trip count; lanes of vector ops count each."""
+  flops: Any = 0
+  mem: Any = 0
+  mults: Any = 1
+  stack: list[Any] = []
+  for u in uops:
+    if u.op is UOps.RANGE:
+      stack.append(mults)
+      mults = mults * _trip_count(u)
+    elif u.op is UOps.ENDRANGE:
+      mults = stack.pop()
+    elif u.op is UOps.SPECIAL:
+      mults = mults * u.arg[2]
+    elif u.op is UOps.ALU:
+      w = u.dtype.count if u.dtype is not None else 1
+      if u.arg is TernaryOps.MULACC: w *= 2
+      flops += mults * w
+    elif u.op is UOps.WMMA:
+      n, m, k = u.arg.dims
+      flops += 2 * n * m * k * mults // u.arg.thread_local_sizes[2] if u.arg.thread_local_sizes[2] else 0
+    elif u.op in (UOps.LOAD, UOps.STORE) and u.src[0].op is UOps.DEFINE_GLOBAL:
+      dt = u.dtype if u.op is UOps.LOAD else u.src[2].dtype
+      mem += mults * (dt.itemsize if dt is not None else 0)
+  return flops, mem
+
+def _trip_count(rng: UOp) -> Any:
+  start, end = rng.src
+  if start.op is UOps.CONST and end.op is UOps.CONST: return end.arg - start.arg
+  if start.op is UOps.CONST and end.op is UOps.DEFINE_VAR: return end.arg - start.arg
+  return 1
+
+__all__ = ["UOps", "UOp", "flops_mem", "UnaryOps"]
