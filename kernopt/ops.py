@@ -1,17 +1,25 @@
 """The kernel AST: op enums, `LazyOp`, buffers, and the one table of op semantics (`exec_alu`) that constant
 folding, the PYTHON interpreter and the renderers all follow. Imports dtype, helpers, errors and shape/."""
 from __future__ import annotations
-import math, struct
-from dataclasses import dataclass
-from enum import Enum, auto
-from typing import Any, Callable, Optional, Union
 import functools
-from kernopt.dtype import ConstType, DType, dtypes
-from kernopt.helpers import dedup
+import hashlib
+import json
+import math
+import struct
+import sys
+from dataclasses import dataclass, fields
+from enum import Enum, auto
+from typing import Any, Callable, Optional, TextIO, Union
+from kernopt.dtype import ConstType, DType, ImageDType, dtypes
+from kernopt.errors import VerifyError
+from kernopt.helpers import dedup, prod
+from kernopt.shape import symbolic
 from kernopt.shape.shapetracker import ShapeTracker
+from kernopt.shape.view import View
 
 class UnaryOps(Enum):
-  EXP2 = auto(); LOG2 = auto(); CAST = auto(); BITCAST = auto(); SIN = auto(); SQRT = auto(); RECIP = auto(); NEG = auto() # noqa: E702
+  EXP2 = auto(); LOG2 = auto(); CAST = auto(); BITCAST = auto() # noqa: E702
+  SIN = auto(); SQRT = auto(); RECIP = auto(); NEG = auto() # noqa: E702
 class BinaryOps(Enum):
   ADD = auto(); MUL = auto(); IDIV = auto(); MAX = auto(); MOD = auto(); CMPLT = auto(); CMPNE = auto() # noqa: E702
   XOR = auto(); SHL = auto(); SHR = auto(); AND = auto(); OR = auto() # noqa: E702
@@ -138,12 +146,14 @@ def _recip(x: float) -> float: return _fdiv(1.0, x)
 def _shift_count(b: int, dt: DType) -> int: return b % (8 * dt.itemsize)
 
 def _idiv(a: Any, b: Any, dt: DType) -> Any: return _fdiv(a, b) if dtypes.is_float(dt) else _trunc_div(a, b)
-def _mod(a: Any, b: Any, dt: DType) -> Any: return math.fmod(a, b) if dtypes.is_float(dt) and b != 0 else _trunc_mod(a, b)
+def _fmod(a: float, b: float) -> float: return math.nan if math.isinf(a) or math.isnan(b) else math.fmod(a, b)
+def _mod(a: Any, b: Any, dt: DType) -> Any: return _fmod(a, b) if dtypes.is_float(dt) and b != 0 else _trunc_mod(a, b)
 
 # python evaluator of each op on scalars of its input dtype; results are wrapped to the output dtype by exec_alu
 PYTHON_ALU: dict[ALUOp, Callable[..., Any]] = {
   UnaryOps.EXP2: lambda dt, x: _exp2(x), UnaryOps.LOG2: lambda dt, x: _log2(x), UnaryOps.SIN: lambda dt, x: _sin(x),
-  UnaryOps.SQRT: lambda dt, x: _sqrt(x), UnaryOps.RECIP: lambda dt, x: _recip(x) if dtypes.is_float(dt) else _idiv(1, x, dt),
+  UnaryOps.SQRT: lambda dt, x: _sqrt(x),
+  UnaryOps.RECIP: lambda dt, x: _recip(x) if dtypes.is_float(dt) else _idiv(1, x, dt),
   UnaryOps.NEG: lambda dt, x: (not x) if dt == dtypes.bool else -x,
   BinaryOps.ADD: lambda dt, a, b: a + b, BinaryOps.MUL: lambda dt, a, b: a * b,
   BinaryOps.IDIV: lambda dt, a, b: _idiv(a, b, dt), BinaryOps.MOD: lambda dt, a, b: _mod(a, b, dt),
@@ -153,6 +163,9 @@ PYTHON_ALU: dict[ALUOp, Callable[..., Any]] = {
   BinaryOps.SHL: lambda dt, a, b: a << _shift_count(b, dt), BinaryOps.SHR: lambda dt, a, b: a >> _shift_count(b, dt),
   TernaryOps.WHERE: lambda dt, c, a, b: a if c else b, TernaryOps.MULACC: lambda dt, a, b, c: a * b + c,
 }
+
+# the contract's name for the one table of ALU semantics
+OP_SEMANTICS = PYTHON_ALU
 
 def truncate_float(x: float, dt: DType) -> float:
   """x rounded to the precision of the float type dt (round to nearest even)."""
@@ -180,4 +193,309 @@ def exec_alu(op: ALUOp, dtype: DType, operands: tuple[Any, ...]) -> Any:
   IDIV/MOD truncate and give 0 on a zero divisor; integers wrap; MAX is a > b ? a : b)."""
   # the dtype argument of an evaluator only matters for IDIV/MOD/RECIP/NEG/shifts, whose output is their input type
   ret = PYTHON_ALU[op](dtype, *operands)
+  # a non-finite float result in an integer type is unspecified (DESIGN.md); give 0 rather than raise
+  if isinstance(ret, float) and not math.isfinite(ret) and not dtypes.is_float(dtype): return dtypes.as_const(0, dtype)
   return dtypes.as_const(ret, dtype) if not dtypes.is_float(dtype) else truncate_float(float(ret), dtype.scalar())
+
+# ***** verification: every op's ShapeTracker *****
+
+_ARITY: dict[type, int] = {UnaryOps: 1, BinaryOps: 2, TernaryOps: 3}
+
+def _shape_str(shape: tuple[Any, ...]) -> str:
+  return "(" + ", ".join(str(s) for s in shape) + ("," if len(shape) == 1 else "") + ")"
+
+def _reduced(shape: tuple[Any, ...], axes: Any, op: LazyOp) -> tuple[Any, ...]:
+  if not isinstance(axes, tuple) or not all(isinstance(a, int) and not isinstance(a, bool) for a in axes):
+    raise VerifyError(f"{op.op} needs a tuple of int axes, got {axes!r}")
+  if len(set(axes)) != len(axes): raise VerifyError(f"{op.op} repeats an axis in {axes} over shape {_shape_str(shape)}")
+  for a in axes:
+    if not 0 <= a < len(shape): raise VerifyError(f"{op.op} axis {a} is out of range for shape {_shape_str(shape)}")
+  return tuple(1 if i in axes else s for i, s in enumerate(shape))
+
+class _Verifier:
+  """Walks an AST once, children first, recording each op's ShapeTracker in `sts`."""
+  def __init__(self) -> None: self.sts: dict[LazyOp, ShapeTracker] = {}
+
+  def visit(self, op: Any, local_ok: bool = False) -> ShapeTracker:
+    if not isinstance(op, LazyOp): raise VerifyError(f"an AST source must be a LazyOp, got {type(op).__name__} {op!r}")
+    if (st := self.sts.get(op)) is not None: return st
+    if not isinstance(op.src, tuple):
+      raise VerifyError(f"{op.op} needs a tuple of sources, got {type(op.src).__name__}")
+    for x in op.src:
+      if not isinstance(x, LazyOp):
+        raise VerifyError(f"{op.op} has a source that is not a LazyOp: {type(x).__name__} {x!r}")
+    st = self._check(op, local_ok)
+    self.sts[op] = st
+    return st
+
+  def _buffer_arg(self, op: LazyOp, kind: type) -> Any:
+    arg = op.arg
+    if not isinstance(arg, kind):
+      raise VerifyError(f"{op.op} needs a {kind.__name__} arg, got {type(arg).__name__} {arg!r}")
+    if not isinstance(arg.st, ShapeTracker): raise VerifyError(f"{op.op} buffer has no ShapeTracker: {arg.st!r}")
+    if not isinstance(arg.dtype, DType): raise VerifyError(f"{op.op} buffer has no DType: {arg.dtype!r}")
+    if isinstance(arg, MemBuffer) and (isinstance(arg.idx, bool) or not isinstance(arg.idx, int) or arg.idx < -1):
+      raise VerifyError(f"{op.op} buffer index must be an int >= -1, got {arg.idx!r}")
+    return arg
+
+  def _check(self, op: LazyOp, local_ok: bool) -> ShapeTracker:
+    if op.op is MetaOps.KERNEL: raise VerifyError("a KERNEL can only be the root of an AST")
+    if op.op is BufferOps.CONST:
+      buf = self._buffer_arg(op, ConstBuffer)
+      if op.src: raise VerifyError(f"CONST takes no sources, got {len(op.src)}")
+      if not isinstance(buf.val, (int, float)): raise VerifyError(f"CONST value must be a number, got {buf.val!r}")
+      return buf.st
+    if op.op is BufferOps.LOAD: return self._load(op)
+    if op.op is BufferOps.STORE: return self._store(op, local_ok)
+    if op.op is ReduceOps.WMMA:
+      if not isinstance(op.arg, WMMAArg): raise VerifyError(f"WMMA needs a WMMAArg, got {op.arg!r}")
+      shape = self._same_shapes(op, 2)
+      return ShapeTracker.from_shape(_reduced(shape, tuple(op.arg.reduce_axes), op))
+    if op.op in ReduceOps:
+      if len(op.src) != 1: raise VerifyError(f"{op.op} takes 1 source, got {len(op.src)}")
+      return ShapeTracker.from_shape(_reduced(self.visit(op.src[0]).shape, op.arg, op))
+    if type(op.op) in _ARITY:
+      if op.op in (UnaryOps.CAST, UnaryOps.BITCAST) and not isinstance(op.arg, DType):
+        raise VerifyError(f"{op.op} needs a DType arg, got {op.arg!r}")
+      self._same_shapes(op, _ARITY[type(op.op)])
+      if op.op is UnaryOps.BITCAST and (src_dt := op.src[0].dtype) is not None and src_dt.itemsize != op.arg.itemsize:
+        raise VerifyError(f"BITCAST from {src_dt} to {op.arg} changes the item size")
+      return self.sts[op.src[0]]
+    raise VerifyError(f"unknown op {op.op!r}")
+
+  def _same_shapes(self, op: LazyOp, arity: int) -> tuple[Any, ...]:
+    if len(op.src) != arity: raise VerifyError(f"{op.op} takes {arity} source{'s' * (arity > 1)}, got {len(op.src)}")
+    shapes = [self.visit(x).shape for x in op.src]
+    for x, s in zip(op.src[1:], shapes[1:]):
+      if s != shapes[0]:
+        raise VerifyError(f"{op.op} sources disagree in shape: "
+                          f"{op.src[0].op} {_shape_str(shapes[0])} != {x.op} {_shape_str(s)}")
+    return shapes[0]
+
+  def _load(self, op: LazyOp) -> ShapeTracker:
+    buf = self._buffer_arg(op, MemBuffer) if not isinstance(op.arg, ConstBuffer) else None
+    if buf is None: raise VerifyError("LOAD of a ConstBuffer: use CONST")
+    if buf.idx >= 0:
+      if op.src: raise VerifyError(f"LOAD of buffer {buf.idx} takes no sources, got {len(op.src)}")
+      return buf.st
+    # a local buffer is loaded right after the STORE that fills it; the load has the stored value's shape
+    if len(op.src) != 1 or op.src[0].op is not BufferOps.STORE or op.src[0].arg != buf:
+      raise VerifyError("LOAD of a local buffer (idx -1) needs exactly one source: the STORE of that same buffer")
+    self.visit(op.src[0], local_ok=True)
+    return self.sts[op.src[0].src[0]]
+
+  def _store(self, op: LazyOp, local_ok: bool) -> ShapeTracker:
+    buf = self._buffer_arg(op, MemBuffer)
+    if len(op.src) != 1: raise VerifyError(f"STORE to buffer {buf.idx} takes 1 source, got {len(op.src)}")
+    if (buf.idx == -1) != local_ok:
+      where = "directly under the KERNEL" if not local_ok else "inside the AST"
+      raise VerifyError(f"STORE to buffer {buf.idx} is not allowed {where}")
+    val = self.visit(op.src[0]).shape
+    shape = buf.st.shape
+    # a local buffer may be 1 on axes its workgroup doesn't own (the global axes)
+    ok = val == shape if buf.idx >= 0 else len(val) == len(shape) and all(s == v or s == 1 for s, v in zip(shape, val))
+    if not ok:
+      raise VerifyError(f"STORE to buffer {buf.idx} of shape {_shape_str(shape)} "
+                        f"from {op.src[0].op} of shape {_shape_str(val)}")
+    return buf.st
+
+def verify_lazyop(ast: LazyOp) -> dict[LazyOp, ShapeTracker]:
+  """Check that `ast` is a well-formed KERNEL and return the ShapeTracker of each op under it.
+  Buffer ops have their buffer's st; elementwise ops the (common) shape of their sources; a reduce the shape of its
+  source with the reduced axes set to 1; the LOAD of a local buffer (idx -1) the shape of the value its STORE wrote.
+  The KERNEL's sources are STOREs to distinct buffers idx >= 0 whose shapes are all equal. Raises VerifyError."""
+  if not isinstance(ast, LazyOp) or ast.op is not MetaOps.KERNEL:
+    raise VerifyError(f"the root of an AST must be a KERNEL LazyOp, got {getattr(ast, 'op', type(ast).__name__)}")
+  if ast.arg is not None and not isinstance(ast.arg, KernelInfo):
+    raise VerifyError(f"KERNEL arg must be KernelInfo, got {ast.arg!r}")
+  if not isinstance(ast.src, tuple) or not ast.src: raise VerifyError("a KERNEL needs at least one STORE")
+  v = _Verifier()
+  seen: dict[int, LazyOp] = {}
+  for out in ast.src:
+    if not isinstance(out, LazyOp) or out.op is not BufferOps.STORE:
+      raise VerifyError(f"every source of a KERNEL must be a STORE, got {getattr(out, 'op', type(out).__name__)}")
+    st = v.visit(out)
+    if out.arg.idx in seen: raise VerifyError(f"two STOREs write buffer {out.arg.idx}")
+    seen[out.arg.idx] = out
+    first = ast.src[0].arg.st.shape
+    if st.shape != first:
+      raise VerifyError(f"KERNEL outputs disagree in shape: {_shape_str(first)} != {_shape_str(st.shape)}")
+  return v.sts
+
+# ***** cost: flops and memory of an AST *****
+
+@dataclass(frozen=True)
+class LazyOpInfo:
+  """The output `shape` and `dtype` of an AST, the scalar ALU operations it performs (`flops`) and the bytes each
+  global buffer spans (`mem`: buffer idx -> real_size * itemsize; a buffer seen several times counts its widest
+  view)."""
+  shape: tuple[Any, ...]
+  dtype: Optional[DType]
+  flops: Any
+  mem: dict[int, int]
+
+FlopCounter = LazyOpInfo
+
+def _op_flops(op: LazyOp, sts: dict[LazyOp, ShapeTracker]) -> Any:
+  if op.op in (UnaryOps.CAST, UnaryOps.BITCAST) or op.op in BufferOps or op.op is MetaOps.KERNEL: return 0
+  if op.op is ReduceOps.WMMA: return 2 * prod(sts[op.src[0]].shape)
+  if op.op in ReduceOps: return prod(sts[op.src[0]].shape)
+  return (2 if op.op is TernaryOps.MULACC else 1) * prod(sts[op].shape)
+
+def _itemsize(dt: DType) -> int: return dt.base.itemsize if isinstance(dt, ImageDType) else dt.itemsize
+
+def get_lazyop_info(ast: LazyOp) -> LazyOpInfo:
+  """Cost of an AST (a KERNEL or any sub-tree of a valid one); each distinct op counts once.
+  An elementwise op costs prod(its shape) (MULACC: twice that; CAST, BITCAST and buffer ops: nothing); a reduce costs
+  prod(its source's shape), one combine per input element; WMMA costs 2*prod(its sources' shape). So SUM(MUL(a, b))
+  over K with output M x N costs M*N*K + M*N*K = 2*M*N*K."""
+  root = ast if ast.op is MetaOps.KERNEL else LazyOp(MetaOps.KERNEL, (ast,)) if ast.op is BufferOps.STORE else None
+  if root is not None: sts = verify_lazyop(root)
+  else:
+    v = _Verifier()
+    v.visit(ast)
+    sts = v.sts
+  flops: Any = 0
+  mem: dict[int, int] = {}
+  for op in ast.lazyops:
+    flops = flops + _op_flops(op, sts)
+    if op.op in (BufferOps.LOAD, BufferOps.STORE) and op.arg.idx >= 0:
+      mem[op.arg.idx] = max(mem.get(op.arg.idx, 0), op.arg.st.real_size() * _itemsize(op.arg.dtype))
+  out = ast.src[0] if ast.op is MetaOps.KERNEL else ast
+  dtype = out.arg.dtype if out.op is BufferOps.STORE else out.dtype
+  return LazyOpInfo(tuple(sts[out].shape), dtype, flops, mem)
+
+# ***** printing *****
+
+def _arg_str(op: LazyOp) -> str:
+  a = op.arg
+  if isinstance(a, MemBuffer):
+    return f"buf{a.idx} {a.dtype} {_shape_str(a.st.shape)}" + ("" if a.st.contiguous else f" {a.st.views}")
+  if isinstance(a, ConstBuffer): return f"const {a.val!r} {a.dtype} {_shape_str(a.st.shape)}"
+  return "" if a is None else repr(a)
+
+def format_tree(ast: LazyOp) -> str:
+  """One line per op, indented by depth: `#id op arg`; a shared sub-tree is printed once and then named by its #id."""
+  ids: dict[LazyOp, int] = {}
+  lines: list[str] = []
+  def walk(op: LazyOp, depth: int) -> None:
+    if op in ids:
+      lines.append(f"{'  ' * depth}#{ids[op]} (shared)")
+      return
+    ids[op] = len(ids)
+    lines.append(f"{'  ' * depth}#{ids[op]} {str(op.op).split('.')[-1]} {_arg_str(op)}".rstrip())
+    for x in op.src: walk(x, depth + 1)
+  walk(ast, 0)
+  return "\n".join(lines)
+
+def print_tree(ast: LazyOp, file: Optional[TextIO] = None) -> None:
+  """Print format_tree(ast) to `file` (default stdout)."""
+  print(format_tree(ast), file=sys.stdout if file is None else file)
+
+# ***** canonical serialization *****
+
+AST_FORMAT_VERSION = 1
+_ENUMS: dict[str, type[Enum]] = {e.__name__: e for e in
+                                 (UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, MetaOps)}
+_RECORDS: dict[str, type] = {c.__name__: c for c in (MemBuffer, ConstBuffer, KernelInfo, WMMAArg)}
+_SYM_BIN = ("MulNode", "DivNode", "ModNode", "LtNode")
+_SYM_LIST = ("SumNode", "AndNode")
+
+def _enc_node(n: symbolic.Node) -> dict[str, Any]:
+  name = type(n).__name__
+  if name == "NumNode": return {"t": name, "b": n.b}  # type: ignore[attr-defined]
+  if name == "Variable": return {"t": name, "expr": n.expr, "min": n.min, "max": n.max, "val": n.val}  # type: ignore[attr-defined]
+  if name in _SYM_BIN: return {"t": name, "a": _enc(n.a), "b": _enc(n.b)}  # type: ignore[attr-defined]
+  if name in _SYM_LIST: return {"t": name, "nodes": [_enc(x) for x in n.nodes]}  # type: ignore[attr-defined]
+  raise VerifyError(f"cannot serialize symbolic node {name}")
+
+def _enc_dtype(dt: DType) -> dict[str, Any]:
+  if isinstance(dt, ImageDType): return {"t": "image", "name": dt.name, "shape": list(dt.shape)}
+  return {"t": "dtype", "name": dt.scalar().name, "count": dt.count}
+
+def _enc(x: Any) -> Any:
+  if x is None or isinstance(x, (bool, str)): return x
+  if isinstance(x, int): return int(x)
+  if isinstance(x, float): return x if math.isfinite(x) else {"t": "float", "v": repr(x)}
+  if isinstance(x, tuple): return {"t": "tuple", "v": [_enc(y) for y in x]}
+  if isinstance(x, DType): return _enc_dtype(x)
+  if isinstance(x, symbolic.Node): return _enc_node(x)
+  if isinstance(x, Enum) and type(x).__name__ in _ENUMS: return {"t": "enum", "v": f"{type(x).__name__}.{x.name}"}
+  if isinstance(x, ShapeTracker):
+    return {"t": "st", "views": [{"shape": _enc(v.shape), "strides": _enc(v.strides), "offset": _enc(v.offset),
+                                  "mask": _enc(v.mask)} for v in x.views]}
+  if type(x).__name__ in _RECORDS and isinstance(x, _RECORDS[type(x).__name__]):
+    return {"t": type(x).__name__, **{f.name: _enc(getattr(x, f.name)) for f in fields(x)}}
+  raise VerifyError(f"cannot serialize a {type(x).__name__} in an AST: {x!r}")
+
+def _dec_node(d: dict[str, Any]) -> symbolic.Node:
+  t = d["t"]
+  if t == "NumNode": return symbolic.NumNode(d["b"])
+  if t == "Variable":
+    v = symbolic.Variable(d["expr"], d["min"], d["max"])
+    return v if d["val"] is None else v.bind(d["val"])
+  if t in _SYM_BIN: return getattr(symbolic, t)(_dec(d["a"]), _dec(d["b"]))
+  return getattr(symbolic, t)([_dec(x) for x in d["nodes"]])
+
+def _dec_view(d: dict[str, Any]) -> View:
+  shape, strides, offset, mask = _dec(d["shape"]), _dec(d["strides"]), _dec(d["offset"]), _dec(d["mask"])
+  v = View.create(shape, strides, offset, mask)
+  # View.create's caches can't tell a bound Variable from its unbound self: keep the bound values we were given
+  flat = (*shape, *strides, offset, *(b for m in (mask or ()) for b in m))
+  if any(u.val is not None for x in flat if isinstance(x, symbolic.Node) for u in x.vars()):
+    v = View(shape, strides, offset, mask, v.contiguous)
+  return v
+
+def _dec(x: Any) -> Any:
+  if not isinstance(x, dict): return x
+  t = x["t"]
+  if t == "float": return math.nan if x["v"] == "nan" else float(x["v"])  # one nan object keeps equal args equal
+  if t == "tuple": return tuple(_dec(y) for y in x["v"])
+  if t == "dtype":
+    dt = dtypes.from_name(x["name"])
+    return dt.vec(x["count"]) if x["count"] != 1 else dt
+  if t == "image": return {"imagef": dtypes.imagef, "imageh": dtypes.imageh}[x["name"]](tuple(x["shape"]))
+  if t in ("NumNode", "Variable") or t in _SYM_BIN or t in _SYM_LIST: return _dec_node(x)
+  if t == "enum":
+    cls, name = x["v"].split(".")
+    return _ENUMS[cls][name]
+  if t == "st": return ShapeTracker(tuple(_dec_view(v) for v in x["views"]))
+  if t in _RECORDS: return _RECORDS[t](**{k: _dec(v) for k, v in x.items() if k != "t"})
+  raise VerifyError(f"unknown tag {t!r} in a serialized AST")
+
+def ast_to_json(ast: LazyOp) -> dict[str, Any]:
+  """A JSON-compatible dict for `ast`: {"version": 1, "nodes": [...], "root": i}. Each distinct op is one entry of
+  `nodes` (children before parents, sources by index), so shared sub-trees are stored once. Non-JSON values are
+  tagged dicts {"t": kind, ...}: tuples, non-finite floats, dtypes, ShapeTrackers (views with shape, strides, offset,
+  mask), symbolic nodes (by structure), enums and the arg records."""
+  index: dict[LazyOp, int] = {}
+  nodes: list[dict[str, Any]] = []
+  for op in ast.lazyops:
+    index[op] = len(nodes)
+    nodes.append({"op": f"{type(op.op).__name__}.{op.op.name}", "src": [index[s] for s in op.src], "arg": _enc(op.arg)})
+  return {"version": AST_FORMAT_VERSION, "nodes": nodes, "root": len(nodes) - 1}
+
+def ast_from_json(d: dict[str, Any]) -> LazyOp:
+  """The LazyOp that ast_to_json turned into `d`. Raises VerifyError on an unknown version or a malformed dict."""
+  if not isinstance(d, dict) or d.get("version") != AST_FORMAT_VERSION:
+    raise VerifyError(f"unsupported serialized AST version {d.get('version') if isinstance(d, dict) else d!r}, "
+                      f"expected {AST_FORMAT_VERSION}")
+  try:
+    built: list[LazyOp] = []
+    for i, n in enumerate(d["nodes"]):
+      if any(not isinstance(s, int) or not 0 <= s < i for s in n["src"]):
+        raise VerifyError(f"node {i} has bad sources {n['src']}")
+      cls, name = n["op"].split(".")
+      built.append(LazyOp(_ENUMS[cls][name], tuple(built[s] for s in n["src"]), _dec(n["arg"])))
+    return built[d["root"]]
+  except VerifyError: raise
+  except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+    raise VerifyError(f"malformed serialized AST: {type(e).__name__}: {e}") from e
+
+def ast_dumps(ast: LazyOp) -> str:
+  """The canonical JSON text of `ast` (sorted keys, no whitespace)."""
+  return json.dumps(ast_to_json(ast), sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+def ast_digest(ast: LazyOp) -> str:
+  """sha256 hex digest of ast_dumps(ast): the same in every process and Python version with the same format version."""
+  return hashlib.sha256(ast_dumps(ast).encode()).hexdigest()

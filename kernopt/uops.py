@@ -13,7 +13,8 @@ class UOps(Enum):
   DEFINE_GLOBAL src: -                        dtype: element dtype (ImageDType for images)  arg: (index, name, writable)
   DEFINE_VAR    src: -                        dtype: int32                                   arg: Variable
   DEFINE_LOCAL  src: -                        dtype: element dtype                           arg: (name, size in elements)
-  DEFINE_ACC    src: the reduce RANGEs it accumulates over   dtype: accumulator dtype        arg: initial value
+  DEFINE_ACC    src: the reduce RANGEs it accumulates over   dtype: accumulator dtype
+                arg: (initial value, accumulator number): the number keeps interned accumulators distinct
   SPECIAL       src: -                        dtype: int32   arg: (dim, name, size): name "gidx<d>" or "lidx<d>"
   RANGE         src: (start, end)             dtype: int32   arg: (axis, is_reduce)
   ENDRANGE      src: (RANGE,)                 (only in linearized lists)
@@ -103,8 +104,10 @@ def flops_mem(uops: list[UOp]) -> tuple[Any, Any]:
       if u.arg is TernaryOps.MULACC: w *= 2
       flops += mults * w
     elif u.op is UOps.WMMA:
+      # one WMMA per thread: the warp's n*m outputs are spread thread_local_sizes[2] per thread
       n, m, k = u.arg.dims
-      flops += 2 * n * m * k * mults // u.arg.thread_local_sizes[2] if u.arg.thread_local_sizes[2] else 0
+      threads = max(1, n * m // max(1, u.arg.thread_local_sizes[2]))
+      flops += 2 * n * m * k * mults // threads
     elif u.op in (UOps.LOAD, UOps.STORE) and u.src[0].op is UOps.DEFINE_GLOBAL:
       dt = u.dtype if u.op is UOps.LOAD else u.src[2].dtype
       mem += mults * (dt.itemsize if dt is not None else 0)

@@ -1,7 +1,213 @@
-"""The OpenCL dialect."""
+"""The OpenCL C dialect (device "OPENCL") on the C-style base: `__kernel` functions over `__global` buffers,
+work-group ids for SPECIALs, `__local` arrays and barriers, vectors through vloadN/vstoreN and `(float4)(...)`,
+images through read_imagef/write_imagef. Without cl_khr_fp16, half is a storage type (vload_half /
+vstore_half_rte, math in float, each result rounded to half); bfloat16 is a ushort bit pattern; bool buffers
+are uchar. Imports dtype, errors, ops, uops and renderers."""
 from __future__ import annotations
+import threading
+from typing import Any, Optional
+from kernopt.dtype import DType, ImageDType, dtypes
+from kernopt.errors import UnsupportedError
+from kernopt.ops import ALUOp, BinaryOps, TernaryOps, UnaryOps
 from kernopt.renderers.cstyle import CStyleLanguage
+from kernopt.uops import UOp, UOps
+
+_SAMPLER = "__constant sampler_t smp = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;"
+_HELPERS = {
+  "ko_round_half": "float ko_round_half(float x) { ushort h; vstore_half_rte(x, 0, (__private half*)&h); "
+                   "return vload_half(0, (__private half*)&h); }",
+  "ko_half_bits": "ushort ko_half_bits(float x) { ushort h; vstore_half_rte(x, 0, (__private half*)&h); return h; }",
+  "ko_half_from_bits": "float ko_half_from_bits(ushort h) { return vload_half(0, (__private half*)&h); }",
+  "ko_bf16_bits": "ushort ko_bf16_bits(float x) { uint u = as_uint(x); if (isnan(x)) return (ushort)((u >> 16) | 0x40u); "
+                  "return (ushort)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16); }",
+  "ko_bf16_from_bits": "float ko_bf16_from_bits(ushort h) { return as_float(((uint)h) << 16); }",
+}
+# float vector ops OpenCL C computes lane-wise itself; every other vector ALU is spelled lane by lane
+_NATIVE_VECTOR_OPS = frozenset((BinaryOps.ADD, BinaryOps.MUL, UnaryOps.NEG, TernaryOps.MULACC, UnaryOps.EXP2,
+                                UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT))
+_render_state = threading.local()   # (uses fp64, uses fp16 arithmetic, has image reads) of the render in progress
 
 class OpenCLRenderer(CStyleLanguage):
+  """OpenCL C. The no-argument profile is DESIGN.md's static one; the OPENCL device passes the real limits and
+  features (`has_fp16`: cl_khr_fp16 arithmetic; without it half is storage-only)."""
   device = "OPENCL"
+  suffix = "cl"
+  has_local = True
+  has_shared = True
+  supports_float4 = True
+  global_max = (0x8FFFFFFF,) * 3
+  local_max = (0x8FFFFFFF,) * 3
+  shared_max = 32768
   supports_images = True
+  has_fp16 = False
+
+  kernel_prefix = "__kernel "
+  buffer_prefix = "__global "
+  smem_prefix = "__local "
+  arg_int_prefix = "const int"
+  barrier = "barrier(CLK_LOCAL_MEM_FENCE);"
+  helper_prefix = ""   # plain functions: `static` is OpenCL 1.2+ and a lone C99 `inline` may not be emitted
+  float_suffix = "f"
+  code_for_workitem = {"g": lambda d: f"get_group_id({d})", "l": lambda d: f"get_local_id({d})",
+                       "i": lambda d: f"get_global_id({d})"}
+  type_map = {
+    dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int16: "short", dtypes.uint16: "ushort",
+    dtypes.int32: "int", dtypes.uint32: "uint", dtypes.int64: "long", dtypes.uint64: "ulong", dtypes.half: "half",
+    dtypes.bfloat16: "ushort", dtypes.float32: "float", dtypes.float64: "double"}
+
+  def __init__(self, local_max: Optional[tuple[int, ...]] = None, max_local_size: Optional[int] = None,
+               shared_max: Optional[int] = None, has_fp16: Optional[bool] = None, supports_images: Optional[bool] = None):
+    if local_max is not None: self.local_max = tuple(local_max)
+    if max_local_size is not None: self.max_local_size = max_local_size
+    if shared_max is not None: self.shared_max = shared_max
+    if has_fp16 is not None: self.has_fp16 = has_fp16
+    if supports_images is not None: self.supports_images = supports_images
+    self.storage_floats = frozenset((dtypes.bfloat16,) if self.has_fp16 else (dtypes.half, dtypes.bfloat16))
+
+  def capabilities(self) -> dict[str, Any]:
+    return {**super().capabilities(), "has_fp16": self.has_fp16}
+
+  def render(self, name: str, uops: list[UOp]) -> str:
+    scalars = {u.dtype.scalar() for u in uops if u.dtype is not None and not isinstance(u.dtype, ImageDType)}
+    images = any(u.op is UOps.DEFINE_GLOBAL and isinstance(u.dtype, ImageDType) for u in uops)
+    outer = getattr(_render_state, "flags", None)
+    _render_state.flags = (dtypes.float64 in scalars, dtypes.half in scalars and self.has_fp16, images)
+    try: return super().render(name, uops)
+    finally: _render_state.flags = outer
+
+  def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
+    fp64, fp16, images = getattr(_render_state, "flags", (False, False, False))
+    pragmas = ["#pragma OPENCL EXTENSION cl_khr_fp64 : enable"] * fp64 + ["#pragma OPENCL EXTENSION cl_khr_fp16 : enable"] * fp16
+    return super().render_kernel(name, params, body, pragmas + preamble + [_SAMPLER] * images)
+
+  # ***** types and values *****
+
+  def compute_dtype(self, dt: DType) -> DType:
+    if dt.scalar() in self.storage_floats: return dtypes.float32.vec(dt.count)
+    return dt
+
+  def mem_dtype(self, dt: DType) -> str:
+    """The element type of a buffer of dt in memory (half stays half: it is read through vload_half)."""
+    return "uchar" if dt.scalar() == dtypes.bool else self.render_dtype(dt.scalar())
+
+  def render_dtype(self, dt: DType) -> str:
+    if dt.count > 1 and not isinstance(dt, ImageDType) and (dt.scalar() == dtypes.bool or dt.count not in (2, 3, 4, 8, 16)):
+      raise UnsupportedError(f"{self.dialect_name} has no vector type {dt}")
+    return super().render_dtype(dt)
+
+  def math_suffix(self, dt: DType) -> str: return ""   # OpenCL's math builtins are overloaded: exp2, fma, fmod
+
+  def render_int(self, val: int, dt: DType) -> str:
+    if dt.itemsize != 8: return super().render_int(val, dt)
+    suffix = "ul" if dtypes.is_unsigned(dt) else "l"
+    return f"(({-(1 << 63) + 1}l-1))" if val == -(1 << 63) else (f"({val}{suffix})" if val < 0 else f"{val}{suffix}")
+
+  def render_const(self, val: Any, dt: DType) -> str:
+    if isinstance(val, tuple): val = val[0]   # the lowerer's DEFINE_ACC arg is (initial value, accumulator number)
+    ret = super().render_const(val, dt)
+    if dt == dtypes.half and self.has_fp16: return f"((half){ret}f)" if ret[-1].isdigit() else f"((half){ret})"
+    return ret
+
+  def render_vectorize(self, dt: DType, elems: list[str]) -> str:
+    return f"(({self.render_value_dtype(dt)})({', '.join(elems)}))"
+
+  def render_param(self, name: str, dt: DType, writable: bool) -> str:
+    if isinstance(dt, ImageDType): return f"{'write_only' if writable else 'read_only'} image2d_t {name}"
+    return f"__global {'' if writable else 'const '}{self.mem_dtype(dt)}* {name}"
+
+  def render_local(self, name: str, dt: DType, size: int) -> str:
+    if dt.scalar() == dtypes.half and not self.has_fp16:   # core OpenCL can't declare half arrays, only point at them
+      return f"__local ushort {name}_bits[{size}]; __local half* {name} = (__local half*){name}_bits;"
+    return f"__local {self.mem_dtype(dt)} {name}[{size}];"
+
+  # ***** conversions *****
+
+  def round_storage(self, x: str, dt: DType) -> str:
+    if dt == dtypes.bfloat16: return self.from_storage(self.to_storage(f"((float){x})", dt), dt)
+    return f"{self.helper('ko_round_half', _HELPERS['ko_round_half'])}((float){x})"
+
+  def to_storage(self, x: str, dt: DType) -> str:
+    if dt == dtypes.bfloat16: return f"{self.helper('ko_bf16_bits', _HELPERS['ko_bf16_bits'])}({x})"
+    if dt == dtypes.half and not self.has_fp16: return f"{self.helper('ko_half_bits', _HELPERS['ko_half_bits'])}({x})"
+    return x
+
+  def from_storage(self, x: str, dt: DType) -> str:
+    if dt == dtypes.bfloat16: return f"{self.helper('ko_bf16_from_bits', _HELPERS['ko_bf16_from_bits'])}({x})"
+    if dt == dtypes.half and not self.has_fp16:
+      return f"{self.helper('ko_half_from_bits', _HELPERS['ko_half_from_bits'])}({x})"
+    return x
+
+  def render_cast(self, x: str, src: DType, dst: DType) -> str:
+    if src.count > 1 or dst.count > 1:
+      if src.count != dst.count: raise UnsupportedError(f"{self.dialect_name} can't cast {src} to {dst}")
+      if dst.scalar() in self.storage_floats or src.scalar() in self.storage_floats or dst.scalar() == dtypes.bool:
+        lanes = [self.render_cast(f"({x}).s{i:x}", src.scalar(), dst.scalar()) for i in range(dst.count)]
+        return self.render_vectorize(dst, lanes)
+      return f"convert_{self.render_value_dtype(dst)}({x})"
+    if dst in self.storage_floats and not dtypes.is_float(src) and src != dtypes.float64:
+      return self.round_storage(f"((float){x})", dst)   # no double on devices without cl_khr_fp64
+    return super().render_cast(x, src, dst)
+
+  def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
+    if src.itemsize != dst.itemsize: raise UnsupportedError(f"{self.dialect_name} can't bitcast {src} to {dst}")
+    if src.count > 1 or dst.count > 1:
+      if src.scalar() in self.storage_floats or dst.scalar() in self.storage_floats or dtypes.bool in (src, dst):
+        raise UnsupportedError(f"{self.dialect_name} can't bitcast vector {src} to {dst}")
+      return f"as_{self.render_dtype(dst)}({x})"
+    if dst == dtypes.bool: return f"({x}!=0)"
+    if src == dtypes.bool: return f"(({self.render_dtype(dst)}){x})"
+    bits = self.to_storage(x, src) if src in self.storage_floats else x
+    if dst in self.storage_floats:
+      return self.from_storage(f"as_ushort({bits})" if src not in self.storage_floats else bits, dst)
+    return f"as_{self.render_dtype(dst)}({bits})"
+
+  # ***** ALU: vectors lane-wise where OpenCL does it, lane by lane otherwise *****
+
+  def render_alu(self, op: ALUOp, dt: DType, srcs: list[str]) -> str:
+    if dt.count == 1: return super().render_alu(op, dt, srcs)
+    if op in _NATIVE_VECTOR_OPS and dt.scalar() in (dtypes.float32, dtypes.float64) or \
+       (op is TernaryOps.MULACC and dt.scalar() == dtypes.half and self.has_fp16):
+      spell = self.spelling(op)
+      assert spell is not None and not isinstance(spell, str)
+      return spell(self, dt, *srcs)
+    if op in (BinaryOps.CMPLT, BinaryOps.CMPNE):
+      raise UnsupportedError(f"{self.dialect_name} has no bool vectors ({op.name} on {dt})")
+    lanes = [self.render_alu(op, dt.scalar(), [f"({s}).s{i:x}" for s in srcs]) for i in range(dt.count)]
+    return self.render_vectorize(dt, lanes)
+
+  # ***** memory *****
+
+  def render_load(self, buf: str, idx: str, dt: DType, buf_dt: DType) -> str:
+    s, n = buf_dt.scalar(), dt.count
+    if s == dtypes.half and not self.has_fp16:
+      return f"vload_half({idx}, {buf})" if n == 1 else f"vload_half{n}(0, {buf}+{idx})"
+    if s == dtypes.bool:
+      if n != 1: raise UnsupportedError(f"{self.dialect_name} has no bool vectors (loading {dt} from {buf})")
+      return f"({buf}[{idx}]!=0)"
+    if s == dtypes.bfloat16 and n > 1:
+      return self.render_vectorize(dt, [self.from_storage(f"{buf}[{idx}+{i}]", s) for i in range(n)])
+    if n > 1: return f"vload{n}(0, {buf}+{idx})"
+    return self.from_storage(f"{buf}[{idx}]", buf_dt)
+
+  def render_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
+    s, n = buf_dt.scalar(), dt.count
+    if s == dtypes.half and not self.has_fp16:
+      return f"vstore_half_rte({val}, {idx}, {buf});" if n == 1 else f"vstore_half{n}_rte({val}, 0, {buf}+{idx});"
+    if s == dtypes.bool: return f"{buf}[{idx}] = (uchar)({val});"
+    if s == dtypes.bfloat16 and n > 1:
+      return " ".join(f"{buf}[{idx}+{i}] = {self.to_storage(f'({val}).s{i:x}', s)};" for i in range(n))
+    if n > 1: return f"vstore{n}({val}, 0, {buf}+{idx});"
+    return f"{buf}[{idx}] = {self.to_storage(val, buf_dt)};"
+
+  def render_image_load(self, u: UOp, srcs: list[str]) -> str:
+    assert u.dtype is not None
+    if u.dtype.count != 4: raise UnsupportedError(f"an image load reads float4 texels, not {u.dtype}")
+    val = f"read_imagef({srcs[0]}, smp, {srcs[1]})"
+    return f"convert_half4({val})" if self.render_value_dtype(u.dtype) == "half4" else val
+
+  def render_image_store(self, u: UOp, srcs: list[str]) -> str:
+    val_dt = u.src[2].dtype
+    assert val_dt is not None
+    if val_dt.count != 4: raise UnsupportedError(f"an image store writes float4 texels, not {val_dt}")
+    val = srcs[2] if self.render_value_dtype(val_dt) == "float4" else f"convert_float4({srcs[2]})"
+    return f"write_imagef({srcs[0]}, {srcs[1]}, {val});"

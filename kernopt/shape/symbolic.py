@@ -18,6 +18,26 @@ def _sint(x: Any, op: str) -> Union[int, Node]:
   if isinstance(x, int): return int(x)
   raise ShapeError(f"symbolic {op} expects an int or a Node, got {type(x).__name__} {x!r}")
 
+def _merge_terms(terms: list[Node], bases: list[Node]) -> list[Node]:
+  """Add the coefficients of terms with the same base; a term left alone is kept as it was."""
+  acc: dict[Node, list] = {}
+  for t, base in zip(terms, bases):
+    e = acc.get(base)
+    if e is None: acc[base] = [t.b if base is not t else 1, t]  # type: ignore
+    else: e[0], e[1] = e[0] + (t.b if base is not t else 1), None  # type: ignore
+  return [t if t is not None else base if c == 1 else MulNode(base, c) for base, (c, t) in acc.items() if c]
+
+def _add(a: Node, b: sint) -> Node:
+  """a + b with a fast path for adding an int."""
+  if type(b) is not int: return Node.sum([a, _sint(b, "+")])
+  if b == 0: return a
+  if a.min == a.max: return NumNode(a.min + b)
+  if type(a) is not SumNode: return SumNode((a, NumNode(b)))
+  *ts, last = a.nodes  # type: ignore
+  if type(last) is not NumNode: return SumNode((*a.nodes, NumNode(b)))  # type: ignore
+  if last.b + b: return SumNode((*ts, NumNode(last.b + b)))
+  return SumNode(ts) if len(ts) > 1 else ts[0]
+
 def _split(t: Node) -> tuple[Node, int]:
   """t == base * coefficient with an int coefficient."""
   return (t.a, t.b) if type(t) is MulNode and type(t.b) is int else (t, 1)
@@ -60,10 +80,10 @@ class Node:
   def substitute(self, var_vals: dict[Variable, Union[Node, int]]) -> Node: raise NotImplementedError
   def _eval(self, env: dict[Variable, int]) -> int: raise NotImplementedError
 
-  def __add__(self, b: sint) -> Node: return Node.sum([self, _sint(b, "+")])
-  def __radd__(self, b: sint) -> Node: return Node.sum([_sint(b, "+"), self])
-  def __sub__(self, b: sint) -> Node: return Node.sum([self, -_sint(b, "-")])
-  def __rsub__(self, b: sint) -> Node: return Node.sum([_sint(b, "-"), -self])
+  def __add__(self, b: sint) -> Node: return _add(self, b)
+  def __radd__(self, b: sint) -> Node: return _add(self, b)
+  def __sub__(self, b: sint) -> Node: return _add(self, -b if type(b) is int else -_sint(b, "-"))
+  def __rsub__(self, b: sint) -> Node: return _add(-self, b)
   def __neg__(self) -> Node: return _mul(self, -1)
   def __mul__(self, b: sint) -> Node: return _mul(self, _sint(b, "*"))
   def __rmul__(self, b: sint) -> Node: return _mul(self, _sint(b, "*"))
@@ -78,20 +98,22 @@ class Node:
   @staticmethod
   def sum(nodes: Iterable[sint]) -> Node:
     """Flattens nested sums, merges like terms (x*2 + x*3 -> x*5) and constants; keeps first-seen term order."""
-    const = 0
-    acc: dict[Node, list] = {}
+    const, terms = 0, []
     for n in nodes:
-      if not isinstance(n, Node): const += _sint(n, "sum"); continue  # type: ignore
-      if n.min == n.max: const += n.min; continue
-      for t in (n.nodes if type(n) is SumNode else (n,)):  # type: ignore
-        if t.min == t.max: const += t.min; continue
-        base, c = _split(t)
-        e = acc.get(base)
-        if e is None: acc[base] = [c, t]
-        else: e[0], e[1] = e[0] + c, None
-    terms: list[Node] = []
-    for base, (c, t) in acc.items():
-      if c: terms.append(t if t is not None else base if c == 1 else MulNode(base, c))
+      tn = type(n)
+      if tn is int: const += n  # type: ignore
+      elif tn is NumNode: const += n.b  # type: ignore
+      elif tn is SumNode:
+        ts = n.nodes  # type: ignore
+        if type(ts[-1]) is NumNode: const, ts = const + ts[-1].b, ts[:-1]
+        terms.extend(ts)
+      elif not isinstance(n, Node): const += _sint(n, "sum")  # type: ignore
+      elif n.min == n.max: const += n.min
+      else: terms.append(n)
+    if len(terms) > 1:
+      bases = [t.a if type(t) is MulNode and type(t.b) is int else t for t in terms]  # type: ignore
+      # equal bases have equal hashes, so distinct hashes mean nothing to merge
+      if len({b._hash for b in bases}) < len(bases): terms = _merge_terms(terms, bases)
     if not terms: return NumNode(const)
     if const: terms.append(NumNode(const))
     elif len(terms) == 1: return terms[0]

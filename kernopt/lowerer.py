@@ -1,0 +1,338 @@
+"""Lowering of an optimized AST (Kernel.get_optimized_ast) to a UOp graph: axes become SPECIAL thread indices,
+RANGE loops or expanded lanes; buffers become guarded LOADs/STOREs; reduces become accumulators.
+Imports dtype, errors, helpers, shape/, ops, uops, renderers and uopgraph."""
+from __future__ import annotations
+import functools, itertools
+from typing import Any, Optional, Sequence
+from kernopt.dtype import DType, ImageDType, dtypes
+from kernopt.errors import UnsupportedError, VerifyError
+from kernopt.helpers import dedup, prod
+from kernopt.ops import BinaryOps, BufferOps, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
+from kernopt.shape.shapetracker import ShapeTracker
+from kernopt.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable
+from kernopt.uops import UOp, UOps
+
+# Axis groups of the optimized AST, left to right: global (threads of the grid, or loops on CPU) | local (threads
+# of a workgroup) | group (workgroup threads that a reduce splits across, combined through local memory) | reduce
+# loops | upcasted (expanded into lanes: one UOp per combination of their indices).
+
+I32 = dtypes.int32
+
+def _const(v: int) -> UOp: return UOp.const(I32, v)
+def _alu(op: Any, dt: Optional[DType], *src: UOp) -> UOp: return UOp(UOps.ALU, dt, src, op)
+
+def _operand(b: Any, ops: Any, ctx: Any) -> UOp: return _const(b) if isinstance(b, int) else b.render(ops, ctx)
+
+def _cached(fn: Any) -> Any:
+  def wrapper(n: Node, ops: Any, ctx: _Lowerer) -> UOp:
+    if (u := ctx.render_cache.get(n)) is None: u = ctx.render_cache[n] = fn(n, ops, ctx)
+    return u
+  return wrapper
+
+def _as_bool(u: UOp) -> UOp: return u if u.dtype == dtypes.bool else _alu(BinaryOps.CMPNE, dtypes.bool, u, _const(0))
+
+RENDER_OPS: dict[type, Any] = {
+  Variable: _cached(lambda n, ops, ctx: ctx.var_uop(n)),
+  NumNode: lambda n, ops, ctx: _const(n.b),
+  MulNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.MUL, I32, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
+  DivNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.IDIV, I32, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
+  ModNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.MOD, I32, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
+  LtNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.CMPLT, dtypes.bool, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
+  SumNode: _cached(lambda n, ops, ctx: functools.reduce(lambda a, b: _alu(BinaryOps.ADD, I32, a, b),
+                                                        [x.render(ops, ctx) for x in n.nodes])),
+  AndNode: _cached(lambda n, ops, ctx: functools.reduce(lambda a, b: _alu(BinaryOps.AND, dtypes.bool, a, b),
+                                                        [_as_bool(x.render(ops, ctx)) for x in n.nodes])),
+}
+
+def fold_dims(sizes: Sequence[Any], maxes: Optional[Sequence[int]]) -> list[list[int]]:
+  """Contiguous groups of axes, one group per launch dimension (at most len(maxes), 3 without maxes), each
+  group's size within its dimension's maximum. Preferred: one axis per dimension, extra leading axes merged
+  into dimension 0 (the dimension with the largest limit on every dialect)."""
+  n = len(sizes)
+  if n == 0: return []
+  lim = list(maxes) if maxes else [None] * 3
+  def fits(groups: list[list[int]]) -> bool:
+    return all(lim[d] is None or _upper(prod(sizes[a] for a in g)) <= lim[d] for d, g in enumerate(groups))
+  for k in range(min(n, len(lim)), 0, -1):
+    for cuts in reversed(list(itertools.combinations(range(1, n), k - 1))):
+      bounds = (0,) + cuts + (n,)
+      groups = [list(range(bounds[i], bounds[i + 1])) for i in range(k)]
+      if fits(groups): return groups
+  raise UnsupportedError(f"launch dimensions {tuple(sizes)} don't fit the device's maxima {tuple(lim)}")
+
+def _upper(x: Any) -> int: return x if isinstance(x, int) else x.max
+
+def _linear(node: Node, upvars: dict[Variable, int]) -> Optional[tuple[Node, dict[int, int]]]:
+  """node == base + Σ stride_j·u_j for the upcast variables u_j, or None when an upcast variable sits inside a
+  nonlinear term."""
+  terms = node.nodes if isinstance(node, SumNode) else [node]
+  base: list[Node] = []
+  strides: dict[int, int] = {}
+  for t in terms:
+    if isinstance(t, Variable) and t in upvars: strides[upvars[t]] = strides.get(upvars[t], 0) + 1
+    elif isinstance(t, MulNode) and isinstance(t.a, Variable) and t.a in upvars and isinstance(t.b, int):
+      strides[upvars[t.a]] = strides.get(upvars[t.a], 0) + t.b
+    elif isinstance(t, NumNode) or not (t.vars() & upvars.keys()): base.append(t)
+    else: return None
+  return Node.sum(base), strides
+
+def _divisible(n: Node, w: int) -> bool:
+  """n is a multiple of w for every value of its variables."""
+  if isinstance(n, NumNode): return n.b % w == 0
+  if isinstance(n, MulNode): return (isinstance(n.b, int) and n.b % w == 0) or _divisible(n.a, w)
+  if isinstance(n, SumNode): return all(_divisible(x, w) for x in n.nodes)
+  return False
+
+class _Lowerer:
+  def __init__(self, ast: LazyOp, opts: Any):
+    if ast.op is not MetaOps.KERNEL or not ast.src or any(s.op is not BufferOps.STORE for s in ast.src):
+      raise VerifyError(f"lower needs a KERNEL op over STOREs, got {ast.op}")
+    self.opts = opts
+    self.info: KernelInfo = ast.arg if isinstance(ast.arg, KernelInfo) else KernelInfo()
+    bufops = [x for x in ast.lazyops if x.op in BufferOps]
+    if any(isinstance(x.arg.dtype, ImageDType) for x in bufops):
+      raise UnsupportedError("lowering image buffers is not implemented")
+    sts: list[ShapeTracker] = [x.arg.st for x in bufops]
+    self.shape_len = n = len(sts[0].shape)
+    if any(len(st.shape) != n for st in sts): raise VerifyError(f"buffers have different ranks: {[st.shape for st in sts]}")
+    self.full_shape = tuple(next((st.shape[i] for st in sts if st.shape[i] != 1), 1) for i in range(n))
+    out_shape = ast.src[0].arg.st.shape
+    self.first_upcast = fu = n - self.info.upcasted
+    self.first_reduce = fr = next((i for i in range(fu) if out_shape[i] != self.full_shape[i]), fu)
+    group = sorted({a for x in ast.lazyops if x.op in ReduceOps and x.src[0].op is BufferOps.LOAD
+                    and x.src[0].arg.idx == -1 for a in x.arg})
+    if group != list(range(fr, fr + len(group))):
+      raise UnsupportedError(f"group reduce axes {group} are not the axes after first_reduce={fr}")
+    self.group = group
+    if any(out_shape[a] == self.full_shape[a] != 1 for a in group):
+      raise UnsupportedError(f"an upcast among the group axes {group} (UPCASTMID) is not supported")
+    gd = fr - self.info.local_dims
+    if gd < 0: raise VerifyError(f"{self.info.local_dims} local dims but first_reduce is {fr}")
+    self.var_uops: dict[str, UOp] = {}
+    self.up_vars: dict[Variable, int] = {}
+    self.render_cache: dict[Node, UOp] = {}
+    self.idxs: list[Node] = [NumNode(0)] * n
+    self.range_of: dict[int, UOp] = {}
+    use_locals = opts.has_local and not self.info.dont_use_locals
+    if opts.has_local:
+      gend = gd if use_locals else fr + len(group)
+      if not use_locals and group: raise UnsupportedError("a GROUP reduce needs local memory, but locals are off")
+      self._grid("gidx", range(gend), opts.global_max)
+      if use_locals: self._grid("lidx", range(gd, fr + len(group)), opts.local_max)
+    else:
+      if group: raise UnsupportedError(f"GROUP reduce over axes {group} needs a device with local threads")
+      for a in range(fr): self.idxs[a] = self._loop(a, False)
+    for a in range(fr + len(group), fu): self.idxs[a] = self._loop(a, True)
+    self.ridxs = list(self.idxs)
+    for a in group: self.ridxs[a] = self._loop(a, True, "_g")
+    # upcasted axes: one lane per combination of their indices
+    up_sizes = self.full_shape[fu:]
+    if not all(isinstance(s, int) for s in up_sizes): raise UnsupportedError(f"cannot upcast symbolic sizes {up_sizes}")
+    self.up_vars = {Variable(f"_up{a}", 0, s - 1): a - fu for a, s in enumerate(up_sizes, start=fu)}  # type: ignore
+    for v, j in self.up_vars.items(): self.idxs[fu + j] = self.ridxs[fu + j] = v
+    self.lanes: list[tuple[int, ...]] = list(itertools.product(*[range(s) for s in up_sizes]))  # type: ignore
+    self.lane_of = {ln: i for i, ln in enumerate(self.lanes)}
+    self.up_sizes: tuple[int, ...] = up_sizes  # type: ignore
+    self.writable = {x.arg.idx for x in ast.src if x.arg.idx >= 0}
+    self.memo: dict[LazyOp, list[UOp]] = {}
+    self.acc_n = 0
+    self.local_n = 0
+    stores = [u for s in ast.src for u in self.lower(s)]
+    # every variable of the AST is a kernel parameter, even one only the launch size uses
+    params = [self.var_uop(v) for v in ast.vars()]
+    self.sink = UOp(UOps.SINK, None, tuple(dedup(stores + params)))
+
+  # ***** index variables *****
+
+  def var_uop(self, v: Variable) -> UOp:
+    if (u := self.var_uops.get(v.expr)) is not None: return u
+    if v in self.up_vars: raise AssertionError(f"upcast variable {v.expr} left in an index")
+    unbound = Variable(v.expr, v.min, v.max)
+    return self.var_uops.setdefault(v.expr, UOp(UOps.DEFINE_VAR, I32, (), unbound))
+
+  def render(self, n: Any) -> UOp: return _const(n) if isinstance(n, int) else n.render(RENDER_OPS, self)
+
+  def _grid(self, prefix: str, axes: range, maxes: Optional[Sequence[int]]) -> None:
+    sizes = [self.full_shape[a] for a in axes]
+    for d, g in enumerate(fold_dims(sizes, maxes)):
+      size = prod(sizes[i] for i in g)
+      var = Variable(f"{prefix}{d}", 0, _upper(size) - 1)
+      self.var_uops[var.expr] = UOp(UOps.SPECIAL, I32, (), (d, var.expr, size))
+      # the flat index of the group, split back into its axes (last axis fastest)
+      rest: Node = var
+      for k, i in enumerate(reversed(g)):
+        self.idxs[axes[i]] = rest if k == len(g) - 1 else rest % sizes[i]
+        if k != len(g) - 1: rest = rest // sizes[i]
+
+  def _loop(self, a: int, is_reduce: bool, prefix: str = "_r") -> Variable:
+    size = self.full_shape[a]
+    var = Variable(f"{prefix}{a}", 0, _upper(size) - 1)
+    rng = UOp(UOps.RANGE, I32, (_const(0), self.render(size)), (a, is_reduce))
+    self.var_uops[var.expr] = self.range_of[a] = rng
+    return var
+
+  # ***** per-lane index expressions *****
+
+  def per_lane(self, node: Node, is_bool: bool = False) -> list[UOp]:
+    """The UOp of node for each lane (upcast variables replaced by the lane's indices)."""
+    vs = [j for v, j in self.up_vars.items() if v in node.vars()]
+    fix = (lambda u: _as_bool(u) if u.op is not UOps.CONST else UOp.const(dtypes.bool, u.arg)) if is_bool else (lambda u: u)
+    if not vs: return [fix(self.render(node))] * len(self.lanes)
+    if not is_bool and (lin := _linear(node, self.up_vars)) is not None:
+      base, strides = lin
+      b = self.render(base)
+      offs = [sum(s * ln[j] for j, s in strides.items()) for ln in self.lanes]
+      if base.min == base.max: return [_const(base.min + o) for o in offs]
+      return [b if o == 0 else _alu(BinaryOps.ADD, I32, b, _const(o)) for o in offs]
+    cache: dict[tuple[int, ...], UOp] = {}
+    inv = {j: v for v, j in self.up_vars.items()}
+    out = []
+    for ln in self.lanes:
+      key = tuple(ln[j] for j in vs)
+      if key not in cache: cache[key] = fix(self.render(node.substitute({inv[j]: NumNode(ln[j]) for j in vs})))
+      out.append(cache[key])
+    return out
+
+  def _vector_axis(self, mb: MemBuffer, idx: Node, valid: Node) -> Optional[tuple[int, int]]:
+    """(upcast axis j, width) along which this buffer's lanes fold into aligned vector accesses, if any."""
+    if not self.opts.supports_float4 or mb.idx < 0 or mb.dtype not in (dtypes.float, dtypes.half) or not self.lanes:
+      return None
+    if (lin := _linear(idx, self.up_vars)) is None: return None
+    base, strides = lin
+    valid_vars = valid.vars()
+    for j in sorted(strides, reverse=True):
+      if strides[j] != 1 or any(v in valid_vars for v, k in self.up_vars.items() if k == j): continue
+      for w in (4, 2):
+        if self.up_sizes[j] % w == 0 and _divisible(base, w) and all(s % w == 0 for k, s in strides.items() if k != j):
+          return j, w
+    return None
+
+  def _groups(self, j: int, w: int) -> list[tuple[int, list[int]]]:
+    """(first lane, lanes) of each aligned vector along upcast axis j."""
+    out = []
+    for i, ln in enumerate(self.lanes):
+      if ln[j] % w == 0: out.append((i, [self.lane_of[ln[:j] + (ln[j] + t,) + ln[j + 1:]] for t in range(w)]))
+    return out
+
+  # ***** lowering of AST nodes, each to one UOp per lane *****
+
+  def lower(self, x: LazyOp) -> list[UOp]:
+    if (ret := self.memo.get(x)) is None: ret = self.memo[x] = self._lower(x)
+    return ret
+
+  def _lower(self, x: LazyOp) -> list[UOp]:
+    if x.op is BufferOps.CONST: return self._const_buf(x)
+    if x.op is BufferOps.LOAD: return self._load(x)
+    if x.op is BufferOps.STORE: return self._store(x)
+    if x.op is ReduceOps.WMMA: raise UnsupportedError("lowering WMMA (tensor cores) is not implemented")
+    if x.op in ReduceOps: return self._reduce(x)
+    src = [self.lower(s) for s in x.src]
+    if x.op in (UnaryOps.CAST, UnaryOps.BITCAST):
+      kind = UOps.CAST if x.op is UnaryOps.CAST else UOps.BITCAST
+      return [UOp(kind, x.arg, (s,)) for s in src[0]]
+    if x.op is MetaOps.KERNEL: raise VerifyError("nested KERNEL op")
+    dt = x.dtype
+    return [UOp(UOps.ALU, dt, tuple(s[i] for s in src), x.op) for i in range(len(self.lanes))]
+
+  def _const_buf(self, x: LazyOp) -> list[UOp]:
+    dt = x.arg.dtype
+    c = UOp.const(dt, x.arg.val)
+    _, valid = x.arg.st.expr_idxs(self.idxs)
+    if valid.min == 1: return [c] * len(self.lanes)
+    zero = UOp.const(dt, 0)
+    return [_alu(TernaryOps.WHERE, dt, v, c, zero) if v.op is not UOps.CONST else (c if v.arg else zero)
+            for v in self.per_lane(valid, True)]
+
+  def _buf(self, mb: MemBuffer) -> UOp:
+    if mb.idx >= 0: return UOp(UOps.DEFINE_GLOBAL, mb.dtype, (), (mb.idx, f"data{mb.idx}", mb.idx in self.writable))
+    return UOp(UOps.DEFINE_LOCAL, mb.dtype, (), (f"temp{self.local_n}", _upper(mb.st.size)))
+
+  def _load(self, x: LazyOp) -> list[UOp]:
+    mb: MemBuffer = x.arg
+    dt = mb.dtype
+    if mb.idx < 0:
+      stores = dedup(self.lower(x.src[0]))
+      buf = stores[0].src[0]
+      barrier = UOp(UOps.BARRIER, None, tuple(stores))
+      idx, valid = mb.st.expr_idxs(self.ridxs)
+      if valid.min != 1: raise UnsupportedError("a masked local buffer load is not supported")
+      return [UOp(UOps.LOAD, dt, (buf, i, barrier)) for i in self.per_lane(idx)]
+    buf = self._buf(mb)
+    idx, valid = mb.st.expr_idxs(self.idxs)
+    idxs, valids = self.per_lane(idx), self.per_lane(valid, True)
+    zero = UOp.const(dt, 0)
+    def one(i: UOp, v: UOp, ldt: DType, alt: UOp) -> UOp:
+      if v.op is UOps.CONST: return UOp(UOps.LOAD, ldt, (buf, i)) if v.arg else alt
+      return UOp(UOps.LOAD, ldt, (buf, _alu(TernaryOps.WHERE, I32, v, i, _const(0)), v, alt))
+    if (vec := self._vector_axis(mb, idx, valid)) is None:
+      return [one(i, v, dt, zero) for i, v in zip(idxs, valids)]
+    j, w = vec
+    out: list[UOp] = [zero] * len(self.lanes)
+    vzero = UOp(UOps.VECTORIZE, dt.vec(w), (zero,) * w)
+    for first, members in self._groups(j, w):
+      ld = one(idxs[first], valids[first], dt.vec(w), vzero)
+      for t, m in enumerate(members): out[m] = UOp(UOps.GEP, dt, (ld,), t)
+    return out
+
+  def _store(self, x: LazyOp) -> list[UOp]:
+    mb: MemBuffer = x.arg
+    vals = self.lower(x.src[0])
+    if mb.idx < 0:
+      buf = self._buf(mb)
+      self.local_n += 1
+      idx, valid = mb.st.expr_idxs(self.idxs)
+      if valid.min != 1: raise UnsupportedError("a masked local buffer store is not supported")
+      return [UOp(UOps.STORE, None, (buf, i, v)) for i, v in zip(self.per_lane(idx), vals)]
+    buf = self._buf(mb)
+    idx, valid = mb.st.expr_idxs(self.idxs)
+    idxs, valids = self.per_lane(idx), self.per_lane(valid, True)
+    if self.group:  # only the first thread of each group writes the combined result
+      gate = functools.reduce(lambda a, b: _alu(BinaryOps.AND, dtypes.bool, a, b),
+                              [_alu(BinaryOps.CMPLT, dtypes.bool, self.render(self.idxs[a]), _const(1)) for a in self.group])
+      valids = [gate if v.op is UOps.CONST and v.arg else _alu(BinaryOps.AND, dtypes.bool, v, gate) for v in valids]
+    def one(i: UOp, val: UOp, v: UOp) -> Optional[UOp]:
+      if v.op is UOps.CONST: return UOp(UOps.STORE, None, (buf, i, val)) if v.arg else None
+      return UOp(UOps.STORE, None, (buf, _alu(TernaryOps.WHERE, I32, v, i, _const(0)), val, v))
+    if (vec := self._vector_axis(mb, idx, valid)) is None:
+      return [s for s in map(one, idxs, vals, valids) if s is not None]
+    j, w = vec
+    out = []
+    for first, members in self._groups(j, w):
+      vv = UOp(UOps.VECTORIZE, mb.dtype.vec(w), tuple(vals[m] for m in members))
+      if (s := one(idxs[first], vv, valids[first])) is not None: out.append(s)
+    return out
+
+  def _reduce(self, x: LazyOp) -> list[UOp]:
+    src = self.lower(x.src[0])
+    dt = x.dtype
+    op = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}[x.op]  # type: ignore[index]
+    init = dtypes.as_const(0 if x.op is ReduceOps.SUM else dtypes.min(dt), dt)  # type: ignore[arg-type]
+    fu = self.first_upcast
+    loops = tuple(self.range_of[a] for a in sorted(x.arg) if a < fu)
+    ups = [a - fu for a in x.arg if a >= fu]
+    combine = lambda xs: functools.reduce(lambda a, b: _alu(op, dt, a, b), xs)  # noqa: E731
+    by_out: dict[tuple[int, ...], list[int]] = {}
+    for i, ln in enumerate(self.lanes):
+      by_out.setdefault(tuple(0 if j in ups else v for j, v in enumerate(ln)), []).append(i)
+    done: dict[tuple[UOp, ...], UOp] = {}
+    out: list[UOp] = [src[0]] * len(self.lanes)
+    for members in by_out.values():
+      key = tuple(src[m] for m in members)
+      if key not in done:
+        if not loops: done[key] = combine(key)
+        else:
+          # one independent accumulator per (output lane, unrolled lane), combined after the loop
+          phis = []
+          for s in key:
+            acc = UOp(UOps.DEFINE_ACC, dt, loops, (init, self.acc_n))
+            self.acc_n += 1
+            phis.append(UOp(UOps.PHI, dt, (acc, _alu(op, dt, acc, s))))
+          done[key] = combine(phis)
+      for m in members: out[m] = done[key]
+    return out
+
+def lower(ast: LazyOp, opts: Any) -> UOp:
+  """The SINK of the UOp graph of an optimized AST (see the axis groups above) for a dialect `opts`."""
+  return _Lowerer(ast, opts).sink
+
+__all__ = ["lower", "fold_dims", "RENDER_OPS"]

@@ -1,0 +1,140 @@
+"""The CPU device: C source from `CRenderer`, compiled by the system C compiler (clang, else gcc) into a shared
+object cached on disk, loaded with ctypes. Flags: -O2 -march=native (when accepted) -fPIC -shared -std=gnu11
+-ffp-contract=off -fno-math-errno; never -ffast-math, so NaN, infinities and IEEE rounding match the op table."""
+from __future__ import annotations
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from typing import Any, Optional
+import numpy as np
+from kernopt import __version__
+from kernopt.dtype import DType
+from kernopt.errors import CompileError, LaunchError, UnsupportedError
+from kernopt.helpers import diskcache_get, diskcache_put, getconfig
+from kernopt.renderers import Program, Renderer
+from kernopt.renderers.cstyle import CRenderer
+from kernopt.runtime import Compiled
+
+BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno")
+# every compiler process this module started, by purpose (tests read it to prove a cache hit)
+compiler_calls: dict[str, int] = {"compile": 0, "probe": 0}
+
+def find_compiler() -> Optional[str]:
+  """clang if on PATH, else gcc, else cc."""
+  for name in ("clang", "gcc", "cc"):
+    if (path := shutil.which(name)) is not None: return os.path.realpath(path)
+  return None
+
+def _run(cmd: list[str], purpose: str, stdin: str = "") -> subprocess.CompletedProcess:
+  compiler_calls[purpose] += 1
+  return subprocess.run(cmd, input=stdin, capture_output=True, text=True)
+
+@functools.lru_cache(None)
+def toolchain(cc: str) -> tuple[str, tuple[str, ...], str]:
+  """(version line, whether -march=native is accepted as flags, target ISA) of compiler cc, probed once per
+  compiler binary (cached on disk by path, size and mtime)."""
+  st = os.stat(cc)
+  key = ("cpu_toolchain", cc, st.st_size, st.st_mtime_ns, __version__)
+  if (hit := diskcache_get("cpu_toolchain", key)) is not None: return hit
+  version = _run([cc, "--version"], "probe").stdout.splitlines()[0:1]
+  native = _run([cc, "-march=native", "-x", "c", "-fsyntax-only", "-"], "probe", "int x;").returncode == 0
+  isa = ""
+  if native:
+    out = _run([cc, "-march=native", "-Q", "--help=target"], "probe")
+    isa = " ".join(ln.split()[-1] for ln in out.stdout.splitlines() if ln.strip().startswith(("-march=", "-mtune=")))
+    if not isa:  # clang: the resolved target cpu from the driver's job line
+      out = _run([cc, "-march=native", "-###", "-x", "c", "-c", os.devnull], "probe")
+      parts = out.stderr.replace('"', "").split()
+      isa = " ".join(parts[i + 1] for i, p in enumerate(parts[:-1]) if p in ("-target-cpu", "-triple"))
+  ret = (version[0] if version else "unknown", ("-march=native",) if native else (), isa or os.uname().machine)
+  return diskcache_put("cpu_toolchain", key, ret)
+
+class CPUDevice(Compiled):
+  """Kernels are C functions `void name(T* data0, ..., int var, ...)` run on the calling thread; Program global
+  and local sizes are None (the loops are inside). `extra_flags` are appended to the compiler command."""
+  name = "CPU"
+
+  def __init__(self, extra_flags: tuple[str, ...] = ()):
+    super().__init__()
+    self.extra_flags = tuple(extra_flags)
+    self._cc: Optional[str] = None
+
+  @classmethod
+  def availability(cls) -> tuple[bool, str]:
+    return (True, "") if find_compiler() is not None else (False, "no C compiler (clang, gcc or cc) on PATH")
+
+  def _make_renderer(self) -> Renderer: return CRenderer()
+
+  @property
+  def cc(self) -> str:
+    if self._cc is None:
+      if (cc := find_compiler()) is None: raise UnsupportedError("the CPU device needs a C compiler (clang, gcc or cc)")
+      self._cc = cc
+    return self._cc
+
+  def flags(self) -> tuple[str, ...]: return BASE_FLAGS + toolchain(self.cc)[1] + self.extra_flags
+
+  def compiler_id(self) -> str:
+    version, _, isa = toolchain(self.cc)
+    return f"{self.cc} | {version} | {' '.join(self.flags())} | {isa}"
+
+  # -- memory: 64-byte aligned numpy byte arrays --
+  def _alloc(self, nbytes: int, dtype: DType) -> np.ndarray:
+    raw = np.empty(max(nbytes, 1) + 64, dtype=np.uint8)
+    off = (-raw.ctypes.data) % 64
+    return raw[off:off + nbytes]
+
+  def _copyin(self, handle: np.ndarray, src: np.ndarray) -> None: handle[:] = src.reshape(-1).view(np.uint8)
+  def _copyout(self, dst: np.ndarray, handle: np.ndarray) -> None: dst.reshape(-1).view(np.uint8)[:] = handle
+
+  # -- compile and launch --
+  def so_path(self, src: str) -> str:
+    """Where the shared object of src lives in the on-disk cache."""
+    return os.path.join(getconfig().cache_dir, "cpu", self.cache_key(src) + ".so")
+
+  def _compile(self, program: Program) -> Any:
+    if program.global_size is not None or program.local_size is not None:
+      raise UnsupportedError(f"{program.name}: the CPU device runs no threads, but the program has "
+                             f"global_size={program.global_size}, local_size={program.local_size}")
+    path = self.so_path(program.src)
+    if getconfig().DISABLE_CACHE or not os.path.exists(path):
+      path = self._build(program.src, path, program.name)
+    lib = ctypes.CDLL(path)
+    if getconfig().DISABLE_CACHE:  # the loaded mapping outlives the file
+      os.unlink(path)
+      os.rmdir(os.path.dirname(path))
+    try: fn = getattr(lib, program.name)
+    except AttributeError: raise CompileError(f"{program.name} is not defined by its source", "", program.src) from None
+    fn.argtypes = [ctypes.c_void_p] * len(program.args) + [ctypes.c_int] * len(program.vars)
+    fn.restype = None
+    return fn
+
+  def _build(self, src: str, path: str, name: str) -> str:
+    folder = os.path.dirname(path) if not getconfig().DISABLE_CACHE else tempfile.mkdtemp(prefix="kernopt_cpu_")
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=folder)
+    os.close(fd)
+    try:
+      out = _run([self.cc, *self.flags(), "-x", "c", "-", "-o", tmp, "-lm"], "compile", src)
+      if out.returncode != 0: raise CompileError(f"{self.cc} failed to compile {name}", out.stderr, src)
+      if getconfig().DISABLE_CACHE: return tmp
+      os.replace(tmp, path)  # atomic: a parallel process sees either no file or a complete one
+    finally:
+      if os.path.exists(tmp) and not getconfig().DISABLE_CACHE: os.unlink(tmp)
+    return path
+
+  def _launch(self, lib: Any, program: Program, handles: list[Any], var_vals: list[int],
+              global_size: Optional[tuple[int, ...]], local_size: Optional[tuple[int, ...]],
+              wait: bool) -> Optional[float]:
+    if global_size is not None or local_size is not None:
+      raise LaunchError(f"{program.name}: the CPU device takes no global/local sizes")
+    args = [ctypes.c_void_p(h.ctypes.data) for h in handles] + [ctypes.c_int(v) for v in var_vals]
+    st = time.perf_counter()
+    lib(*args)
+    return time.perf_counter() - st if wait else None
+
+DEVICE_CLASS = CPUDevice

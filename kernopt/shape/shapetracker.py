@@ -1,0 +1,196 @@
+"""ShapeTracker: a stack of Views. The last view is what a kernel indexes; each earlier view is indexed by the flat
+(C-order) position that the view above it produces, and views[0] addresses the buffer. Movement ops act on the last
+view (a reshape it cannot express pushes a new one); `simplify` merges views; `expr_idxs` builds the index and
+validity expressions that the lowerer renders. Imports only kernopt.errors, kernopt.helpers and kernopt.shape."""
+from __future__ import annotations
+import functools
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+from kernopt.errors import ShapeError
+from kernopt.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint
+from kernopt.shape.view import View, merge_views, strides_for_shape, valid_node
+
+@functools.lru_cache(maxsize=None)
+def _idx_vars(shape: tuple[sint, ...]) -> tuple[Variable, ...]:
+  """The default per-axis index variables: idx{i} in [0, shape[i]-1] (a symbolic size contributes its max)."""
+  return tuple(Variable(f"idx{i}", 0, (s if type(s) is int else s.max) - 1) for i, s in enumerate(shape))  # type: ignore
+
+@dataclass(frozen=True)
+class ShapeTracker:
+  """A stack of Views, outermost (buffer-addressing) first. Immutable: every movement op returns a new tracker."""
+  views: tuple[View, ...]
+
+  def __post_init__(self) -> None:
+    if type(self.views) is not tuple: object.__setattr__(self, "views", tuple(self.views))
+    if not self.views or not all(isinstance(v, View) for v in self.views):
+      raise ShapeError(f"ShapeTracker needs at least one View, got {self.views!r}")
+
+  def __hash__(self) -> int:
+    h = self.__dict__.get("_hash")
+    if h is None: object.__setattr__(self, "_hash", h := hash(self.views))
+    return h
+
+  @staticmethod
+  def from_shape(shape: Sequence[sint]) -> ShapeTracker:
+    """The contiguous tracker of shape."""
+    return ShapeTracker((View.create(shape),))
+
+  def __add__(self, st: ShapeTracker) -> ShapeTracker:
+    """st's views stacked on this tracker (st indexes this tracker's elements in C order), simplified one at a time."""
+    ret = self
+    for v in st.views: ret = ShapeTracker(ret.views + (v,)).simplify()
+    return ret
+
+  @property
+  def shape(self) -> tuple[sint, ...]: return self.views[-1].shape
+  @property
+  def size(self) -> sint: return self.views[-1].size()
+  @property
+  def contiguous(self) -> bool: return len(self.views) == 1 and self.views[0].contiguous
+  @property
+  def consecutive(self) -> bool:
+    """One unmasked view with C strides; unlike contiguous, any offset."""
+    v = self.views[0]
+    return len(self.views) == 1 and v.mask is None and v.strides == strides_for_shape(v.shape)
+
+  def vars(self) -> set[Variable]: return set().union(*[v.vars() for v in self.views])
+
+  def unbind(self) -> tuple[ShapeTracker, dict[Variable, int]]:
+    """This tracker with bound Variables unbound, and their values."""
+    pairs = [v.unbind() for v in self.views]
+    return ShapeTracker(tuple(v for v, _ in pairs)), {k: val for _, d in pairs for k, val in d.items()}
+
+  # ***** movement ops: all but a failed reshape act on the last view *****
+
+  def reshape(self, new_shape: Sequence[sint]) -> ShapeTracker:
+    if not isinstance(new_shape, tuple):
+      try: new_shape = tuple(new_shape)
+      except TypeError: raise ShapeError(f"reshape: argument {new_shape!r} for shape {self.shape} is not a sequence") from None
+    nv = self.views[-1].reshape(new_shape)
+    if nv is not None: return ShapeTracker(self.views[:-1] + (nv,))
+    return ShapeTracker(self.views + (View.create(new_shape),))
+
+  def permute(self, order: Sequence[int]) -> ShapeTracker: return ShapeTracker(self.views[:-1] + (self.views[-1].permute(order),))
+  def expand(self, new_shape: Sequence[sint]) -> ShapeTracker:
+    return ShapeTracker(self.views[:-1] + (self.views[-1].expand(new_shape),))
+  def pad(self, arg: Sequence[tuple[sint, sint]]) -> ShapeTracker:
+    return ShapeTracker(self.views[:-1] + (self.views[-1].pad(arg),))
+  def shrink(self, arg: Sequence[tuple[sint, sint]]) -> ShapeTracker:
+    return ShapeTracker(self.views[:-1] + (self.views[-1].shrink(arg),))
+  def stride(self, mul: Sequence[int]) -> ShapeTracker: return ShapeTracker(self.views[:-1] + (self.views[-1].stride(mul),))
+
+  # ***** analysis *****
+
+  @functools.lru_cache(maxsize=None)  # noqa: B019
+  def simplify(self) -> ShapeTracker:
+    """An equivalent tracker with adjacent views merged wherever one View can express them."""
+    views = list(self.views)
+    i = len(views) - 2
+    while i >= 0:
+      merged = merge_views(views[i], views[i + 1])
+      if merged is None: i -= 1
+      else:
+        views[i:i + 2] = [merged]
+        i = min(i, len(views) - 2)
+    return self if len(views) == len(self.views) else ShapeTracker(tuple(views))
+
+  def expr_idxs(self, idxs: Optional[Sequence[Node]] = None) -> tuple[Node, Node]:
+    """(flat buffer index, validity) for per-axis index expressions idxs (default: the idx{i} Variables).
+    Validity is NumNode(1) when always valid; when never valid both are NumNode(0)."""
+    if idxs is None: return self._expr_idxs(None)
+    idxs = tuple(NumNode(x) if isinstance(x, int) else x for x in idxs)
+    if len(idxs) != len(self.shape) or not all(isinstance(x, Node) for x in idxs):
+      raise ShapeError(f"expr_idxs: need one int or Node index per axis of shape {self.shape}, got {idxs}")
+    return self._expr_idxs(idxs)
+
+  @functools.lru_cache(maxsize=None)  # noqa: B019
+  def _expr_idxs(self, idxs: Optional[tuple[Node, ...]]) -> tuple[Node, Node]:
+    if any(type(s) is int and s == 0 for s in self.shape): return NumNode(0), NumNode(0)
+    idx, conds = self.views[-1].expr_conds(_idx_vars(self.shape) if idxs is None else idxs)
+    for view in reversed(self.views[:-1]):
+      view = view.minify()
+      if view.all_masked(): return NumNode(0), NumNode(0)
+      acc: sint = 1
+      unflat: list[Node] = []
+      for d in reversed(view.shape):
+        unflat.append((idx // acc) % d)
+        acc = acc * d
+      idx, more = view.expr_conds(unflat[::-1])
+      conds += more
+    valid = valid_node(conds)
+    return (NumNode(0), NumNode(0)) if valid.max == 0 else (idx, valid)
+
+  def expr_node(self, idx: Optional[Node] = None) -> tuple[Node, Node]:
+    """expr_idxs for one flat index over the tracker's shape (default: Variable idx in [0, size-1])."""
+    if idx is None:
+      size = self.size
+      if type(size) is int and size == 0: return NumNode(0), NumNode(0)
+      idx = Variable("idx", 0, (size if type(size) is int else size.max) - 1)  # type: ignore
+    acc: sint = 1
+    idxs: list[Node] = []
+    for d in reversed(self.shape):
+      idxs.append((idx // acc) % d)
+      acc = acc * d
+    return self.expr_idxs(idxs[::-1])
+
+  def real_size(self) -> int:
+    """One past the largest buffer position any valid element can address (0 when none is valid)."""
+    if any(type(s) is int and s == 0 for s in self.shape): return 0
+    st = self.simplify()
+    idx, valid = st.expr_idxs()
+    if valid.max == 0: return 0
+    v = st.views[0]
+    hi = _upper(v.offset)
+    for i, (sh, s) in enumerate(zip(v.shape, v.strides)):
+      b, e = v.mask[i] if v.mask is not None else (0, sh)
+      hi += max(_upper(s * b), _upper(s * (e - 1)))
+    return min(hi, idx.max) + 1
+
+  @functools.lru_cache(maxsize=None)  # noqa: B019
+  def real_strides(self, ignore_valid: bool = False) -> tuple[Optional[sint], ...]:
+    """Per axis: the stride s when the buffer index is (other terms) + s*idx_axis, 0 when the axis does not move it,
+    None when it moves it in any other way, or (unless ignore_valid) when it takes part in the validity."""
+    st = self.simplify()
+    if len(st.views) == 1:
+      v = st.views[0]
+      if v.mask is None: return v.strides
+      if v.all_masked(): return (0,) * len(v.shape)
+      return tuple(None if not ignore_valid and not (_is0(b) and e == sh) else s
+                   for s, sh, (b, e) in zip(v.strides, v.shape, v.mask))
+    idxs = _idx_vars(self.shape)
+    where = {v: i for i, v in enumerate(idxs)}
+    idx, valid = st.expr_idxs()
+    ret: list[Optional[sint]] = [None] * len(idxs)
+    bad: set[Variable] = set()
+    for term in (idx.nodes if type(idx) is SumNode else (idx,)):
+      base, coef = (term.a, term.b) if type(term) is MulNode else (term, 1)
+      if type(base) is Variable and base in where: ret[where[base]] = coef
+      else: bad |= term.vars()
+    idx_vars, valid_vars = idx.vars(), valid.vars()
+    for i, v in enumerate(idxs):
+      if v in bad or (not ignore_valid and v in valid_vars): ret[i] = None
+      elif v not in idx_vars: ret[i] = 0
+    return tuple(ret)
+
+  def unit_stride_axes(self, ignore_valid: bool = False) -> list[int]:
+    """Axes whose real stride is 1."""
+    return [i for i, s in enumerate(self.real_strides(ignore_valid)) if type(s) is int and s == 1]
+
+  def axis_is_masked(self, axis: int) -> bool:
+    """Whether the validity of an element depends on its index along axis."""
+    if type(axis) is not int or not 0 <= axis < len(self.shape):
+      raise ShapeError(f"axis_is_masked: axis {axis!r} is out of range for shape {self.shape}")
+    return self._masked_axes()[axis]
+
+  @functools.lru_cache(maxsize=None)  # noqa: B019
+  def _masked_axes(self) -> tuple[bool, ...]:
+    st = self.simplify()
+    if len(st.views) == 1:
+      v = st.views[0]
+      if v.mask is None or v.all_masked(): return (False,) * len(v.shape)
+      return tuple(not (_is0(b) and e == sh) for sh, (b, e) in zip(v.shape, v.mask))
+    valid_vars = st.expr_idxs()[1].vars()
+    return tuple(v in valid_vars for v in _idx_vars(self.shape))
+
+def _is0(x: Any) -> bool: return type(x) is int and x == 0
+def _upper(x: Any) -> int: return x if type(x) is int else x.max

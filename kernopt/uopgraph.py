@@ -1,0 +1,427 @@
+"""Graph rewrites on UOps (rules are data: a pattern and a named function), integer value bounds, and
+linearization of a SINK into an ordered list with RANGE/ENDRANGE and IF/ENDIF bracketing.
+Imports dtype, ops, uops (and may read a renderer's capabilities)."""
+from __future__ import annotations
+import heapq
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Union
+from kernopt.dtype import DType, dtypes
+from kernopt.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu, truncate_float
+from kernopt.uops import UOp, UOps
+
+# ***** patterns *****
+
+@dataclass(frozen=True)
+class UPat:
+  """Matches a UOp whose op is `op` (or one of them), whose arg equals `arg` (when given), whose dtype satisfies
+  `dtype` ("int", "float", "bool" or a DType), and whose sources match `src` in order (or in either order when
+  `commutative`); a match captures the UOp under `name`."""
+  op: Union[UOps, tuple[UOps, ...], None] = None
+  arg: Any = None
+  src: Optional[tuple[UPat, ...]] = None
+  name: Optional[str] = None
+  dtype: Union[str, DType, None] = None
+  commutative: bool = False
+
+  def match(self, u: UOp, caps: dict[str, UOp]) -> bool:
+    if self.op is not None and (u.op is not self.op if isinstance(self.op, UOps) else u.op not in self.op): return False
+    if self.arg is not None and u.arg != self.arg: return False
+    if self.dtype is not None and not _dtype_ok(u.dtype, self.dtype): return False
+    if self.name is not None:
+      if self.name in caps and caps[self.name] is not u: return False
+      caps[self.name] = u
+    if self.src is None: return True
+    if len(self.src) != len(u.src): return False
+    if _match_all(self.src, u.src, caps): return True
+    return self.commutative and len(u.src) == 2 and _match_all(self.src, (u.src[1], u.src[0]), caps)
+
+def _match_all(pats: tuple[UPat, ...], srcs: tuple[UOp, ...], caps: dict[str, UOp]) -> bool:
+  trial = dict(caps)
+  if all(p.match(s, trial) for p, s in zip(pats, srcs)):
+    caps.update(trial)
+    return True
+  return False
+
+def _dtype_ok(dt: Optional[DType], want: Union[str, DType]) -> bool:
+  if dt is None: return False
+  if want == "int": return dtypes.is_int(dt) and dt.count == 1
+  if want == "float": return dtypes.is_float(dt)
+  if want == "bool": return dt == dtypes.bool
+  return dt == want
+
+Rule = tuple[UPat, Callable[..., Optional[UOp]]]
+
+class PatternMatcher:
+  """An ordered list of rules, indexed by the op each pattern's root matches."""
+  def __init__(self, rules: list[Rule]):
+    self.rules = rules
+    self.by_op: dict[UOps, list[Rule]] = {}
+    for pat, fn in rules:
+      ops = list(UOps) if pat.op is None else ([pat.op] if isinstance(pat.op, UOps) else list(pat.op))
+      for op in ops: self.by_op.setdefault(op, []).append((pat, fn))
+    self._by_key: dict[tuple[UOps, Any], list[Rule]] = {}
+
+  def _rules(self, op: UOps, arg: Any) -> list[Rule]:
+    """The rules that can match a root with this op and (hashable) arg, in order."""
+    key = (op, arg if arg.__hash__ is not None else None)
+    if (ret := self._by_key.get(key)) is None:
+      ret = self._by_key[key] = [(p, f) for p, f in self.by_op.get(op, ()) if p.arg is None or p.arg == key[1]]
+    return ret
+
+  def rewrite(self, u: UOp) -> Optional[UOp]:
+    """The first rule's replacement of u, or None."""
+    for pat, fn in self._rules(u.op, u.arg if u.op is UOps.ALU else None):
+      caps: dict[str, UOp] = {}
+      if pat.match(u, caps) and (ret := fn(**caps)) is not None and ret is not u: return ret
+    return None
+
+def graph_rewrite(root: UOp, pm: PatternMatcher) -> UOp:
+  """root with every rule applied bottom-up until none matches; each UOp is visited once (memoized)."""
+  memo: dict[UOp, UOp] = {}
+  stack: list[tuple[UOp, int, Optional[UOp]]] = [(root, 0, None)]
+  while stack:
+    u, state, alias = stack.pop()
+    if u in memo: continue
+    if state == 2:  # u was rewritten to alias, now processed
+      memo[u] = memo[alias]  # type: ignore[index]
+      continue
+    if state == 0:
+      stack.append((u, 1, None))
+      stack.extend((s, 0, None) for s in u.src if s not in memo)
+      continue
+    new_src = tuple(memo[s] for s in u.src)
+    n = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
+    if (r := pm.rewrite(n)) is None:
+      memo[u] = memo[n] = n
+    elif r in memo: memo[u] = memo[r]
+    else: stack.extend([(u, 2, r), (r, 0, None)])
+  return memo[root]
+
+# ***** value bounds of integer UOps *****
+
+def bounds(u: UOp) -> tuple[Any, Any]:
+  """(vmin, vmax) of an int or bool UOp's value over every execution; the dtype's range when unknown."""
+  if (b := u.__dict__.get("_bounds")) is not None: return b
+  b = _bounds(u)
+  u.__dict__["_bounds"] = b
+  return b
+
+def vmin(u: UOp) -> Any: return bounds(u)[0]
+def vmax(u: UOp) -> Any: return bounds(u)[1]
+
+def _int_bound(x: Any, default: Any) -> Any: return x if isinstance(x, int) else getattr(x, "max", default)
+
+def _bounds(u: UOp) -> tuple[Any, Any]:
+  dt = u.dtype
+  if dt is None or dt.count != 1 or not (dtypes.is_int(dt) or dt == dtypes.bool): return (None, None)
+  full = (dtypes.min(dt), dtypes.max(dt))
+  if u.op is UOps.CONST: return (u.arg, u.arg)
+  if u.op is UOps.SPECIAL: return (0, _int_bound(u.arg[2], full[1]) - 1)
+  if u.op is UOps.RANGE: return (vmin(u.src[0]), vmax(u.src[1]) - 1)
+  if u.op is UOps.DEFINE_VAR: return (u.arg.min, u.arg.max)
+  if u.op is not UOps.ALU: return full
+  s = [bounds(x) for x in u.src]
+  if any(lo is None for lo, _ in s): return full
+  op = u.arg
+  ret: Optional[tuple[Any, Any]] = None
+  if op is BinaryOps.ADD: ret = (s[0][0] + s[1][0], s[0][1] + s[1][1])
+  elif op is BinaryOps.MUL:
+    c = [a * b for a in s[0] for b in s[1]]
+    ret = (min(c), max(c))
+  elif op is BinaryOps.IDIV and s[1][0] == s[1][1] and s[1][0] > 0:
+    d = s[1][0]
+    ret = (exec_alu(op, dt, (s[0][0], d)), exec_alu(op, dt, (s[0][1], d)))
+  elif op is BinaryOps.MOD and s[1][0] == s[1][1] and s[1][0] > 0:
+    d = s[1][0]
+    if s[0][0] >= 0: ret = (0 if s[0][1] >= d else s[0][0], min(s[0][1], d - 1))
+    else: ret = (-(d - 1), d - 1)
+  elif op is BinaryOps.MAX: ret = (max(s[0][0], s[1][0]), max(s[0][1], s[1][1]))
+  elif op is BinaryOps.CMPLT: ret = (s[0][1] < s[1][0], s[0][0] < s[1][1])
+  elif op is BinaryOps.CMPNE and s[0][0] == s[0][1] == s[1][0] == s[1][1]: ret = (False, False)
+  elif op is BinaryOps.AND and dt == dtypes.bool: ret = (s[0][0] and s[1][0], s[0][1] and s[1][1])
+  elif op is TernaryOps.WHERE: ret = (min(s[1][0], s[2][0]), max(s[1][1], s[2][1]))
+  elif op is UnaryOps.NEG and dt != dtypes.bool: ret = (-s[0][1], -s[0][0])
+  if ret is None: return full
+  if dt == dtypes.bool: return (bool(ret[0]), bool(ret[1]))
+  # a result that may wrap is unknown
+  return ret if full[0] <= ret[0] and ret[1] <= full[1] else full
+
+# ***** the rules *****
+
+def _c(u: UOp, v: Any) -> UOp: return UOp.const(u.dtype, v)  # type: ignore[arg-type]
+def _is_const(u: UOp, v: Any) -> bool: return u.op is UOps.CONST and type(u.arg) is not bool and u.arg == v
+def _add(a: UOp, b: UOp) -> UOp: return UOp(UOps.ALU, a.dtype, (a, b), BinaryOps.ADD)
+def _mul(a: UOp, b: UOp) -> UOp: return UOp(UOps.ALU, a.dtype, (a, b), BinaryOps.MUL)
+
+def fold_alu(x: UOp) -> Optional[UOp]:
+  if x.dtype is None or x.dtype.count != 1 or not all(s.op is UOps.CONST for s in x.src): return None
+  return _c(x, exec_alu(x.arg, x.dtype, tuple(s.arg for s in x.src)))
+
+def fold_cast(x: UOp, c: UOp) -> Optional[UOp]:
+  dt = x.dtype
+  if dt is None or dt.count != 1: return None
+  if dtypes.is_float(dt): return _c(x, truncate_float(float(c.arg), dt))
+  if isinstance(c.arg, float) and (c.arg != c.arg or abs(c.arg) == float("inf")): return None
+  return _c(x, int(c.arg) if dt != dtypes.bool else bool(c.arg))
+
+def add_zero(x: UOp, z: UOp) -> Optional[UOp]: return x if _is_const(z, 0) and x.dtype == z.dtype else None
+def mul_one(x: UOp, o: UOp) -> Optional[UOp]: return x if _is_const(o, 1) and x.dtype == o.dtype else None
+def mul_zero(x: UOp, z: UOp) -> Optional[UOp]: return z if _is_const(z, 0) and x.dtype == z.dtype else None
+def div_one(x: UOp, o: UOp) -> Optional[UOp]: return x if _is_const(o, 1) else None
+def mod_one(x: UOp, o: UOp) -> Optional[UOp]: return _c(x, 0) if _is_const(o, 1) else None
+def where_const(c: UOp, a: UOp, b: UOp) -> UOp: return a if c.arg else b
+def where_same(a: UOp, b: UOp) -> Optional[UOp]: return a if a is b else None
+def and_true(x: UOp, t: UOp) -> Optional[UOp]: return x if t.arg is True else t
+
+def cmplt_bounds(x: UOp, a: UOp, b: UOp) -> Optional[UOp]:
+  (alo, ahi), (blo, bhi) = bounds(a), bounds(b)
+  if alo is None or blo is None: return None
+  if ahi < blo: return _c(x, True)
+  if alo >= bhi: return _c(x, False)
+  return None
+
+def max_bounds(a: UOp, b: UOp) -> Optional[UOp]:
+  (alo, ahi), (blo, bhi) = bounds(a), bounds(b)
+  if alo is None or blo is None: return None
+  if alo >= bhi: return a
+  if blo >= ahi: return b
+  return None
+
+def div_small(x: UOp, c: UOp) -> Optional[UOp]:
+  lo, hi = bounds(x)
+  return _c(x, 0) if lo is not None and c.arg > 0 and 0 <= lo and hi < c.arg else None
+
+def mod_small(x: UOp, c: UOp) -> Optional[UOp]:
+  lo, hi = bounds(x)
+  return x if lo is not None and c.arg > 0 and 0 <= lo and hi < c.arg else None
+
+def _split_multiple(s: UOp, c: int) -> Optional[tuple[UOp, UOp]]:
+  """s == q*c + r with q, r >= 0: (q, r) when one addend of s is a multiple of c (or s itself is)."""
+  if s.op is UOps.ALU and s.arg is BinaryOps.MUL and s.src[1].op is UOps.CONST and s.src[1].arg % c == 0:
+    if vmin(s.src[0]) is None or vmin(s.src[0]) < 0 or s.src[1].arg < 0: return None
+    return (_mul(s.src[0], _c(s, s.src[1].arg // c)) if s.src[1].arg != c else s.src[0]), _c(s, 0)
+  if s.op is UOps.CONST and s.arg % c == 0 and s.arg >= 0: return _c(s, s.arg // c), _c(s, 0)
+  if s.op is UOps.ALU and s.arg is BinaryOps.ADD:
+    for i in (0, 1):
+      if (qr := _split_multiple(s.src[i], c)) is not None and vmin(s.src[1 - i]) is not None and vmin(s.src[1 - i]) >= 0:
+        return qr[0], s.src[1 - i] if qr[1].op is UOps.CONST and qr[1].arg == 0 else _add(qr[1], s.src[1 - i])
+  return None
+
+def div_split(x: UOp, s: UOp, c: UOp) -> Optional[UOp]:
+  if c.arg <= 0 or (qr := _split_multiple(s, c.arg)) is None: return None
+  return _add(qr[0], UOp(UOps.ALU, x.dtype, (qr[1], c), BinaryOps.IDIV))
+
+def mod_split(x: UOp, s: UOp, c: UOp) -> Optional[UOp]:
+  if c.arg <= 0 or (qr := _split_multiple(s, c.arg)) is None: return None
+  return UOp(UOps.ALU, x.dtype, (qr[1], c), BinaryOps.MOD)
+
+def add_consts(x: UOp, c1: UOp, c2: UOp) -> UOp: return _add(x, _c(x, exec_alu(BinaryOps.ADD, x.dtype, (c1.arg, c2.arg))))
+def mul_consts(x: UOp, c1: UOp, c2: UOp) -> UOp: return _mul(x, _c(x, exec_alu(BinaryOps.MUL, x.dtype, (c1.arg, c2.arg))))
+
+def load_valid(ld: UOp, buf: UOp, idx: UOp, v: UOp, alt: UOp) -> UOp:
+  if v.arg: return UOp(UOps.LOAD, ld.dtype, (buf, idx.src[1] if _is_where_guard(idx, v) else idx))
+  return alt if alt.dtype == ld.dtype else UOp(UOps.VECTORIZE, ld.dtype, (alt,) * ld.dtype.count)  # type: ignore[union-attr]
+
+def _is_where_guard(idx: UOp, v: UOp) -> bool:
+  return idx.op is UOps.ALU and idx.arg is TernaryOps.WHERE and idx.src[0] is v
+
+def store_valid(buf: UOp, idx: UOp, val: UOp, v: UOp) -> Optional[UOp]:
+  return UOp(UOps.STORE, None, (buf, idx.src[1] if _is_where_guard(idx, v) else idx, val)) if v.arg else None
+
+def sink_drop_dead(s: UOp) -> Optional[UOp]:
+  keep = tuple(x for x in s.src if not (x.op is UOps.STORE and len(x.src) == 4 and x.src[3].op is UOps.CONST))
+  return UOp(UOps.SINK, None, keep) if len(keep) != len(s.src) else None
+
+def gep_vectorize(g: UOp, v: UOp) -> UOp: return v.src[g.arg]
+
+_I = lambda name=None: UPat(name=name, dtype="int")  # noqa: E731
+_CI = lambda name: UPat(UOps.CONST, name=name, dtype="int")  # noqa: E731
+def _alu(op: Any, *src: UPat, name: Optional[str] = None, comm: bool = False, dtype: Any = None) -> UPat:
+  return UPat(UOps.ALU, op, tuple(src), name, dtype, comm)
+
+RULES: list[Rule] = [
+  # an ALU op of constants is the constant exec_alu computes
+  (UPat(UOps.ALU, name="x"), fold_alu),
+  # a CAST of a constant is the converted constant
+  (UPat(UOps.CAST, src=(UPat(UOps.CONST, name="c"),), name="x"), fold_cast),
+  # x + 0 -> x
+  (_alu(BinaryOps.ADD, UPat(name="x"), UPat(UOps.CONST, name="z"), comm=True), add_zero),
+  # x * 1 -> x
+  (_alu(BinaryOps.MUL, UPat(name="x"), UPat(UOps.CONST, name="o"), comm=True), mul_one),
+  # x * 0 -> 0 for ints only (NaN * 0 is NaN)
+  (_alu(BinaryOps.MUL, _I("x"), _CI("z"), comm=True), mul_zero),
+  # x // 1 -> x for ints
+  (_alu(BinaryOps.IDIV, _I("x"), _CI("o")), div_one),
+  # x % 1 -> 0 for ints
+  (_alu(BinaryOps.MOD, _I("x"), _CI("o")), mod_one),
+  # WHERE on a constant condition selects a branch
+  (_alu(TernaryOps.WHERE, UPat(UOps.CONST, name="c"), UPat(name="a"), UPat(name="b")), where_const),
+  # WHERE(c, a, a) -> a
+  (_alu(TernaryOps.WHERE, UPat(), UPat(name="a"), UPat(name="b")), where_same),
+  # x AND True -> x; x AND False -> False (bools)
+  (_alu(BinaryOps.AND, UPat(name="x"), UPat(UOps.CONST, name="t", dtype="bool"), comm=True), and_true),
+  # a < b is constant when the bounds of a and b do not overlap
+  (_alu(BinaryOps.CMPLT, _I("a"), _I("b"), name="x"), cmplt_bounds),
+  # MAX(a, b) is a (or b) when the bounds say so
+  (_alu(BinaryOps.MAX, _I("a"), _I("b")), max_bounds),
+  # x // c -> 0 when 0 <= x < c
+  (_alu(BinaryOps.IDIV, _I("x"), _CI("c"), dtype="int"), div_small),
+  # x % c -> x when 0 <= x < c
+  (_alu(BinaryOps.MOD, _I("x"), _CI("c"), dtype="int"), mod_small),
+  # (q*c + r) // c -> q + r//c when q, r >= 0
+  (_alu(BinaryOps.IDIV, _I("s"), _CI("c"), name="x"), div_split),
+  # (q*c + r) % c -> r % c when q, r >= 0
+  (_alu(BinaryOps.MOD, _I("s"), _CI("c"), name="x"), mod_split),
+  # (x + c1) + c2 -> x + (c1+c2) for ints
+  (_alu(BinaryOps.ADD, _alu(BinaryOps.ADD, _I("x"), _CI("c1")), _CI("c2")), add_consts),
+  # (x * c1) * c2 -> x * (c1*c2) for ints
+  (_alu(BinaryOps.MUL, _alu(BinaryOps.MUL, _I("x"), _CI("c1")), _CI("c2")), mul_consts),
+  # a guarded LOAD with a constant guard is a plain LOAD or its alternative value
+  (UPat(UOps.LOAD, src=(UPat(name="buf"), UPat(name="idx"), UPat(UOps.CONST, name="v"), UPat(name="alt")), name="ld"),
+   load_valid),
+  # a guarded STORE with a true guard is a plain STORE
+  (UPat(UOps.STORE, src=(UPat(name="buf"), UPat(name="idx"), UPat(name="val"), UPat(UOps.CONST, name="v"))),
+   store_valid),
+  # a STORE whose guard is constant false is dropped from the SINK
+  (UPat(UOps.SINK, name="s"), sink_drop_dead),
+  # GEP of a VECTORIZE is the lane
+  (UPat(UOps.GEP, src=(UPat(UOps.VECTORIZE, name="v"),), name="g"), gep_vectorize),
+]
+simplifier = PatternMatcher(RULES)
+
+# ***** linearization *****
+
+_FIRST = {UOps.DEFINE_GLOBAL: 0, UOps.DEFINE_VAR: 1, UOps.DEFINE_LOCAL: 2, UOps.SPECIAL: 3, UOps.CONST: 4}
+
+def _param_key(u: UOp) -> tuple:
+  if u.op is UOps.DEFINE_GLOBAL: return (u.arg[0],)
+  if u.op is UOps.DEFINE_VAR: return (u.arg.expr,)
+  if u.op is UOps.SPECIAL: return (u.arg[1],)
+  return ()
+
+def toposort(root: UOp) -> list[UOp]:
+  """Every UOp reachable from root, sources before users (iterative DFS, deterministic)."""
+  order: list[UOp] = []
+  seen: set[UOp] = set()
+  stack: list[tuple[UOp, bool]] = [(root, False)]
+  while stack:
+    u, done = stack.pop()
+    if done:
+      order.append(u)
+      continue
+    if u in seen: continue
+    seen.add(u)
+    stack.append((u, True))
+    stack.extend((s, False) for s in reversed(u.src) if s not in seen)
+  return order
+
+def linearize(sink: UOp, opts: Any = None) -> list[UOp]:
+  """The program of `sink` in execution order: the rules applied, then each UOp placed in the innermost loop it
+  depends on (loop invariants hoisted), accumulators before their loop, guarded stores inside IF/ENDIF."""
+  return order_uops(graph_rewrite(sink, simplifier))
+
+def order_uops(sink: UOp) -> list[UOp]:
+  """Linearize without rewriting. Loop nesting: non-reduce RANGEs nest by axis, outermost first; the reduce
+  RANGEs of an accumulator nest by axis inside all non-reduce RANGEs; a PHI's value is read after its loops."""
+  topo = toposort(sink)
+  pos = {u: i for i, u in enumerate(topo)}
+  parent: dict[UOp, Optional[UOp]] = {}
+  outer = sorted((u for u in topo if u.op is UOps.RANGE and not u.arg[1]), key=lambda r: r.arg[0])
+  for i, r in enumerate(outer): parent[r] = outer[i - 1] if i else None
+  innermost_outer = outer[-1] if outer else None
+  for a in topo:
+    if a.op is UOps.DEFINE_ACC:
+      rs = sorted(a.src, key=lambda r: r.arg[0])
+      for i, r in enumerate(rs): parent.setdefault(r, rs[i - 1] if i else innermost_outer)
+  for u in topo:
+    if u.op is UOps.RANGE: parent.setdefault(u, innermost_outer)
+  depth: dict[Optional[UOp], int] = {None: 0}
+  for r in sorted(parent, key=lambda r: pos[r]): _depth(r, parent, depth)
+
+  def deepest(cands: list[Optional[UOp]]) -> Optional[UOp]:
+    best: Optional[UOp] = None
+    for c in cands:
+      if depth[c] > depth[best]: best = c
+    return best
+
+  scope: dict[UOp, Optional[UOp]] = {}   # the innermost loop u runs in
+  after: dict[UOp, Optional[UOp]] = {}   # the innermost loop u's value is available in
+  for u in topo:
+    if u.op is UOps.RANGE: s = u
+    elif u.op is UOps.DEFINE_ACC: s = parent[min(u.src, key=lambda r: depth[r])]
+    elif u.op is UOps.PHI: s = deepest([after[x] for x in u.src] + [max(u.src[0].src, key=lambda r: depth[r])])
+    else: s = deepest([after[x] for x in u.src])
+    scope[u] = s
+    after[u] = parent[min(u.src[0].src, key=lambda r: depth[r])] if u.op is UOps.PHI else s
+
+  # the block of each item: a RANGE is an item of its parent's block, everything else of its scope's
+  def block_of(u: UOp) -> Optional[UOp]: return parent[u] if u.op is UOps.RANGE else scope[u]
+  def up_to(b: Optional[UOp], d: int) -> Optional[UOp]:
+    while depth[b] > d: b = parent[b]  # type: ignore[index]
+    return b
+
+  items: dict[Optional[UOp], list[UOp]] = {}
+  deps: dict[UOp, set[UOp]] = {}
+  for u in topo:
+    if u.op is UOps.SINK: continue
+    bu = block_of(u)
+    items.setdefault(bu, []).append(u)
+    deps.setdefault(u, set())
+    if u.op is UOps.DEFINE_ACC: continue
+    for s in u.src:
+      if s.op is UOps.RANGE and up_to(bu, depth[s]) is s: continue  # u is inside loop s
+      bs = block_of(s)
+      # walk both positions up to their common block, then order the items there
+      a, b = bu, bs
+      ia, ib = u, s
+      while depth[a] > depth[b]: ia, a = a, parent[a]  # type: ignore[assignment,index]
+      while depth[b] > depth[a]: ib, b = b, parent[b]  # type: ignore[assignment,index]
+      while a is not b: ia, a, ib, b = a, parent[a], b, parent[b]  # type: ignore[assignment,index]
+      if ia is not ib: deps.setdefault(ia, set()).add(ib)  # type: ignore[arg-type]
+
+  out: list[UOp] = []
+  def emit(block: Optional[UOp]) -> None:
+    mine = items.get(block, [])
+    indeg = {u: 0 for u in mine}
+    users: dict[UOp, list[UOp]] = {}
+    for u in mine:
+      for d in deps[u]:
+        if d in indeg:
+          indeg[u] += 1
+          users.setdefault(d, []).append(u)
+    def key(u: UOp) -> tuple:
+      # parameters first, in argument order; stores last (gated ones grouped by guard, to share one IF)
+      if u.op is UOps.STORE: return (10, pos[u.src[3]] if len(u.src) == 4 else -1, pos[u])
+      return (_FIRST.get(u.op, 9),) + (_param_key(u) if u.op in _FIRST else ()) + (pos[u],)
+    heap = [(key(u), pos[u], u) for u in mine if indeg[u] == 0]
+    heapq.heapify(heap)
+    done = 0
+    while heap:
+      _, _, u = heapq.heappop(heap)
+      done += 1
+      _emit_one(u, out, emit)
+      for v in users.get(u, ()):
+        indeg[v] -= 1
+        if indeg[v] == 0: heapq.heappush(heap, (key(v), pos[v], v))
+    assert done == len(mine), "cycle in the UOp graph while linearizing"
+  emit(None)
+  return out
+
+def _depth(r: Optional[UOp], parent: dict[UOp, Optional[UOp]], depth: dict[Optional[UOp], int]) -> int:
+  if r not in depth: depth[r] = _depth(parent[r], parent, depth) + 1  # type: ignore[index]
+  return depth[r]
+
+def _emit_one(u: UOp, out: list[UOp], emit: Callable[[Optional[UOp]], None]) -> None:
+  if u.op is UOps.RANGE:
+    out.append(u)
+    emit(u)
+    out.append(UOp(UOps.ENDRANGE, None, (u,)))
+  elif u.op is UOps.STORE and len(u.src) == 4:
+    cond = UOp(UOps.IF, None, (u.src[3],))
+    end = UOp(UOps.ENDIF, None, (cond,))
+    if out and out[-1] is end: out.insert(len(out) - 1, UOp(UOps.STORE, None, u.src[:3]))  # same guard: one IF
+    else: out.extend([cond, UOp(UOps.STORE, None, u.src[:3]), end])
+  else: out.append(u)
+
+__all__ = ["UPat", "PatternMatcher", "graph_rewrite", "RULES", "simplifier", "bounds", "vmin", "vmax",
+           "linearize", "order_uops", "toposort"]

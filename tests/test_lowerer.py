@@ -1,0 +1,314 @@
+"""The lowerer and linearizer end to end: hand-built optimized ASTs lowered, linearized and run by a small
+sequential reference evaluator (RANGE loops, a grid of SPECIAL threads run in lockstep between BARRIERs),
+compared with numpy."""
+import itertools, struct
+import numpy as np
+import pytest
+from kernopt.dtype import dtypes
+from kernopt.errors import UnsupportedError
+from kernopt.ops import (BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps,
+                         UnaryOps, exec_alu, truncate_float)
+from kernopt.renderers import get_renderer
+from kernopt.shape.shapetracker import ShapeTracker
+from kernopt.shape.symbolic import Variable, sym_infer
+from kernopt.lowerer import fold_dims, lower
+from kernopt.uopgraph import linearize
+from kernopt.uops import UOp, UOps
+
+CPU, CL = get_renderer("CPU"), get_renderer("OPENCL")
+
+# ***** a reference evaluator of linearized UOp lists *****
+
+def _cast(v, dt):
+  if dtypes.is_float(dt): return truncate_float(float(v), dt)
+  return dtypes.as_const(v, dt)
+
+def _jumps(uops):
+  jump, stack = {}, []
+  for i, u in enumerate(uops):
+    if u.op in (UOps.RANGE, UOps.IF): stack.append(i)
+    elif u.op in (UOps.ENDRANGE, UOps.ENDIF):
+      j = stack.pop()
+      jump[i], jump[j] = j, i
+  assert not stack
+  return jump
+
+def _segment(uops, lo, hi, env, bufs, jump):
+  pc = lo
+  while pc < hi:
+    u = uops[pc]
+    op, src = u.op, u.src
+    if op is UOps.RANGE:
+      env[u] = env[src[0]]
+      if env[u] >= env[src[1]]: pc = jump[pc]
+    elif op is UOps.ENDRANGE:
+      r = src[0]
+      env[r] += 1
+      if env[r] < env[r.src[1]]: pc = jump[pc]
+    elif op is UOps.IF:
+      if not env[src[0]]: pc = jump[pc]
+    elif op in (UOps.ENDIF, UOps.BARRIER, UOps.DEFINE_GLOBAL, UOps.DEFINE_LOCAL, UOps.DEFINE_VAR, UOps.SPECIAL): pass
+    elif op is UOps.CONST: env[u] = u.arg
+    elif op is UOps.DEFINE_ACC: env[u] = u.arg[0]
+    elif op is UOps.PHI: env[u] = env[src[0]] = env[src[1]]
+    elif op is UOps.LOAD:
+      buf = bufs[src[0]]
+      if len(src) == 4 and not env[src[2]]: env[u] = env[src[3]]
+      else:
+        i = env[src[1]]
+        assert 0 <= i and i + u.dtype.count <= len(buf), f"out of bounds load {i} of {len(buf)}"
+        env[u] = buf[i].item() if u.dtype.count == 1 else tuple(x.item() for x in buf[i:i + u.dtype.count])
+    elif op is UOps.STORE:
+      if len(src) == 4 and not env[src[3]]: pass
+      else:
+        buf, i, v = bufs[src[0]], env[src[1]], env[src[2]]
+        assert 0 <= i and i + (len(v) if isinstance(v, tuple) else 1) <= len(buf), f"out of bounds store {i}"
+        if isinstance(v, tuple): buf[i:i + len(v)] = v
+        else: buf[i] = v
+    elif op is UOps.ALU: env[u] = exec_alu(u.arg, u.dtype, tuple(env[s] for s in src))
+    elif op is UOps.CAST: env[u] = _cast(env[src[0]], u.dtype)
+    elif op is UOps.BITCAST:
+      env[u] = struct.unpack(u.dtype.fmt, struct.pack(src[0].dtype.fmt, env[src[0]]))[0]
+    elif op is UOps.VECTORIZE: env[u] = tuple(env[s] for s in src)
+    elif op is UOps.GEP: env[u] = env[src[0]][u.arg]
+    else: raise NotImplementedError(op)
+    pc += 1
+
+def run_uops(uops, arrays, var_vals=None):
+  """Run a linearized program; arrays[i] is buffer i (flat numpy, modified in place)."""
+  var_vals = var_vals or {}
+  jump = _jumps(uops)
+  specials = [u for u in uops if u.op is UOps.SPECIAL]
+  vv = {u.arg: var_vals[u.arg.expr] for u in uops if u.op is UOps.DEFINE_VAR}
+  def size(s): return sym_infer(s, vv)
+  gl = [u for u in specials if u.arg[1].startswith("g")]
+  lc = [u for u in specials if u.arg[1].startswith("l")]
+  cuts = [0] + [i for i, u in enumerate(uops) if u.op is UOps.BARRIER] + [len(uops)]
+  for gvals in itertools.product(*[range(size(u.arg[2])) for u in gl]):
+    locals_ = {u: np.zeros(u.arg[1], dtype=np.dtype(u.dtype.fmt)) for u in uops if u.op is UOps.DEFINE_LOCAL}
+    bufs = {u: arrays[u.arg[0]] for u in uops if u.op is UOps.DEFINE_GLOBAL}
+    bufs.update(locals_)
+    envs = []
+    for lvals in itertools.product(*[range(size(u.arg[2])) for u in lc]):
+      env = dict(zip(gl, gvals))
+      env.update(zip(lc, lvals))
+      env.update({u: var_vals[u.arg.expr] for u in uops if u.op is UOps.DEFINE_VAR})
+      envs.append(env)
+    for lo, hi in zip(cuts, cuts[1:]):  # threads of a workgroup in lockstep between barriers
+      for env in envs: _segment(uops, lo, hi, env, bufs, jump)
+
+def check(ast, opts, inputs, expected, var_vals=None, **tol):
+  uops = linearize(lower(ast, opts), opts)
+  out = np.zeros(expected.size, dtype=expected.dtype)
+  run_uops(uops, [out] + [np.ascontiguousarray(x).reshape(-1) for x in inputs], var_vals)
+  np.testing.assert_allclose(out.reshape(expected.shape), expected, **({"rtol": 1e-5, "atol": 1e-5} | tol))
+  return uops
+
+# ***** AST builders *****
+
+def ld(i, st, dt=dtypes.float): return LazyOp(BufferOps.LOAD, (), MemBuffer(i, dt, st))
+def store(x, st, i=0, dt=dtypes.float): return LazyOp(BufferOps.STORE, (x,), MemBuffer(i, dt, st))
+def kernel(*stores, **info): return LazyOp(MetaOps.KERNEL, tuple(stores), KernelInfo(**info))
+def S(*shape): return ShapeTracker.from_shape(shape)
+
+rng = np.random.default_rng(0)
+def rand(*shape): return rng.standard_normal(shape).astype(np.float32)
+
+@pytest.mark.parametrize("opts", [CPU, CL], ids=["C", "OpenCL"])
+def test_elementwise(opts):
+  a, b = rand(4, 8), rand(4, 8)
+  ast = kernel(store(LazyOp(BinaryOps.MUL, (ld(1, S(4, 8)), LazyOp(BinaryOps.ADD, (ld(2, S(4, 8)), ld(1, S(4, 8)))))), S(4, 8)))
+  uops = check(ast, opts, [a, b], a * (b + a))
+  assert (UOps.SPECIAL in {u.op for u in uops}) == opts.has_local
+
+@pytest.mark.parametrize("opts", [CPU, CL], ids=["C", "OpenCL"])
+def test_reduce_sum(opts):
+  a = rand(5, 7)
+  ast = kernel(store(LazyOp(ReduceOps.SUM, (ld(1, S(5, 7)),), (1,)), S(5, 1)))
+  uops = check(ast, opts, [a], a.sum(1, keepdims=True))
+  assert sum(u.op is UOps.DEFINE_ACC for u in uops) == 1
+
+def test_max_with_permuted_input():
+  a = rand(6, 5)
+  st = S(5, 6).permute((1, 0))   # reads a transposed (5, 6) buffer
+  ast = kernel(store(LazyOp(ReduceOps.MAX, (ld(1, st),), (1,)), S(6, 1)))
+  check(ast, CPU, [a.T.copy()], a.max(1, keepdims=True))
+
+@pytest.mark.parametrize("opts", [CPU, CL], ids=["C", "OpenCL"])
+def test_padded_input_guarded(opts):
+  a = rand(3, 4)
+  st = S(3, 4).pad(((1, 1), (2, 0)))   # (5, 6), zero outside
+  ast = kernel(store(LazyOp(UnaryOps.EXP2, (ld(1, st),)), S(5, 6)))
+  uops = check(ast, opts, [a], np.exp2(np.pad(a, ((1, 1), (2, 0)))))
+  assert any(u.op is UOps.LOAD and len(u.src) == 4 for u in uops)
+
+def test_padded_sum():
+  a = rand(3, 4)
+  st = S(3, 4).pad(((0, 0), (1, 3)))
+  ast = kernel(store(LazyOp(ReduceOps.SUM, (ld(1, st),), (1,)), S(3, 1)))
+  check(ast, CPU, [a], a.sum(1, keepdims=True))
+
+def test_const_buffer_masked():
+  a = rand(3, 4)
+  cst = LazyOp(BufferOps.CONST, (), ConstBuffer(2.0, dtypes.float, S(3, 2).pad(((0, 0), (1, 1)))))
+  ast = kernel(store(LazyOp(BinaryOps.ADD, (ld(1, S(3, 4)), cst)), S(3, 4)))
+  check(ast, CPU, [a], a + np.pad(np.full((3, 2), 2.0, np.float32), ((0, 0), (1, 1))))
+
+def _upcast_sum_ast(m=8, n=16, up=4, unroll=4):
+  # axes: global m/up | reduce loop n/unroll | upcast up (output) | unroll (reduce)
+  st_in = S(m, n).reshape((m // up, up, n // unroll, unroll)).permute((0, 2, 1, 3))
+  st_out = S(m, 1).reshape((m // up, up, 1, 1)).permute((0, 2, 1, 3))
+  return kernel(store(LazyOp(ReduceOps.SUM, (ld(1, st_in),), (1, 3)), st_out), upcasted=2)
+
+@pytest.mark.parametrize("opts", [CPU, CL], ids=["C", "OpenCL"])
+def test_upcast_and_unroll(opts):
+  a = rand(8, 16)
+  uops = check(_upcast_sum_ast(), opts, [a], a.sum(1, keepdims=True))
+  # independent accumulators: one per (output lane, unrolled lane)
+  assert sum(u.op is UOps.DEFINE_ACC for u in uops) == 16
+  assert sum(u.op is UOps.RANGE for u in uops) == (1 if opts.has_local else 2)
+
+def test_unroll_only_no_loop():
+  a = rand(4, 4)
+  st = S(4, 4)
+  ast = kernel(store(LazyOp(ReduceOps.SUM, (ld(1, st),), (1,)), S(4, 1)), upcasted=1)
+  uops = check(ast, CPU, [a], a.sum(1, keepdims=True))
+  assert not any(u.op is UOps.DEFINE_ACC for u in uops)
+
+def test_two_reduces_share_the_loop():
+  a = rand(4, 9)
+  r1 = LazyOp(ReduceOps.SUM, (ld(1, S(4, 9)),), (1,))
+  r2 = LazyOp(ReduceOps.MAX, (ld(1, S(4, 9)),), (1,))
+  ast = kernel(store(LazyOp(BinaryOps.ADD, (r1, r2)), S(4, 1)), store(r2, S(4, 1), i=2))
+  uops = linearize(lower(ast, CPU), CPU)
+  out, out2 = np.zeros(4, np.float32), np.zeros(4, np.float32)
+  run_uops(uops, [out, a.reshape(-1), out2])
+  np.testing.assert_allclose(out, a.sum(1) + a.max(1), rtol=1e-5)
+  np.testing.assert_allclose(out2, a.max(1), rtol=1e-5)
+  assert sum(u.op is UOps.RANGE and u.arg[1] for u in uops) == 1
+
+def test_symbolic_shape():
+  n = Variable("n", 1, 16)
+  a = rand(5, 3)
+  st = S(n, 3)
+  ast = kernel(store(LazyOp(ReduceOps.SUM, (ld(1, st),), (1,)), S(n, 1)))
+  uops = linearize(lower(ast, CPU), CPU)
+  assert [u.arg.expr for u in uops if u.op is UOps.DEFINE_VAR] == ["n"]
+  out = np.zeros(5, np.float32)
+  run_uops(uops, [out, a.reshape(-1)], {"n": 5})
+  np.testing.assert_allclose(out, a.sum(1), rtol=1e-5)
+
+def test_symbolic_shape_on_gpu():
+  n = Variable("n", 1, 16)
+  a = rand(6)
+  ast = kernel(store(LazyOp(UnaryOps.NEG, (ld(1, S(n)),)), S(n)))
+  uops = linearize(lower(ast, CL), CL)
+  out = np.zeros(6, np.float32)
+  run_uops(uops, [out, a], {"n": 6})
+  np.testing.assert_allclose(out, -a)
+
+def test_cast_and_int():
+  a = rng.integers(-50, 50, (4, 4)).astype(np.int32)
+  ast = kernel(store(LazyOp(UnaryOps.CAST, (LazyOp(BinaryOps.IDIV, (ld(1, S(4, 4), dtypes.int), ld(1, S(4, 4).permute((1, 0)), dtypes.int))),),
+                            dtypes.float), S(4, 4)))
+  b = a.T
+  ref = np.where(b == 0, 0, np.trunc(a / np.where(b == 0, 1, b))).astype(np.float32)
+  check(ast, CPU, [a], ref)
+
+def _matmul_ast(n=8, up=2, unroll=2):
+  # out[i, j] = sum_k a[i, k] * b[k, j]; axes: i/up, j/up | k/unroll loop | i up, j up | k unroll
+  ai = S(n, n).reshape((n, 1, n)).expand((n, n, n))                     # a[i, k] over (i, j, k)
+  bj = S(n, n).permute((1, 0)).reshape((1, n, n)).expand((n, n, n))     # b[k, j]
+  def opt(st): return st.reshape((n // up, up, n // up, up, n // unroll, unroll)).permute((0, 2, 4, 1, 3, 5))
+  out = S(n, n).reshape((n // up, up, n // up, up, 1, 1)).permute((0, 2, 4, 1, 3, 5))
+  mul = LazyOp(BinaryOps.MUL, (ld(1, opt(ai)), ld(2, opt(bj))))
+  return kernel(store(LazyOp(ReduceOps.SUM, (mul,), (2, 5)), out), upcasted=3)
+
+@pytest.mark.parametrize("opts", [CPU, CL], ids=["C", "OpenCL"])
+def test_matmul_upcast_unroll(opts):
+  a, b = rand(8, 8), rand(8, 8)
+  uops = check(_matmul_ast(), opts, [a, b], a @ b, rtol=1e-4, atol=1e-4)
+  assert sum(u.op is UOps.DEFINE_ACC for u in uops) == 2 * 2 * 2
+
+def test_float4_vectorized_loads_and_stores():
+  a = rand(4, 8)
+  st = S(4, 8).reshape((4, 2, 4))
+  ast = kernel(store(LazyOp(UnaryOps.SQRT, (ld(1, st),)), st), upcasted=1)
+  uops = check(ast, CL, [np.abs(a)], np.sqrt(np.abs(a)))
+  assert [u.dtype for u in uops if u.op is UOps.LOAD] == [dtypes.float.vec(4)]
+  assert [u.src[2].dtype for u in uops if u.op is UOps.STORE] == [dtypes.float.vec(4)]
+  # not on C, and not when the base index is not a provable multiple of 4
+  assert not any(u.dtype.count > 1 for u in linearize(lower(ast, CPU), CPU) if u.op is UOps.LOAD)
+  st2 = S(4, 9).shrink(((0, 4), (1, 9))).reshape((4, 2, 4))
+  ast2 = kernel(store(LazyOp(UnaryOps.NEG, (ld(1, st2),)), st), upcasted=1)
+  b = rand(4, 9)
+  uops2 = check(ast2, CL, [b], -b[:, 1:])
+  assert all(u.dtype.count == 1 for u in uops2 if u.op is UOps.LOAD)
+
+def test_group_reduce_through_local_memory():
+  # x (4, 64) summed over axis 1: global 4 | group 16 (threads) | loop 4; second reduce over the group axis
+  a = rand(4, 64)
+  st_in = S(4, 64).reshape((4, 16, 4))
+  first = LazyOp(ReduceOps.SUM, (ld(1, st_in),), (2,))
+  lbuf = MemBuffer(-1, dtypes.float, S(1, 16, 1))
+  lstore = LazyOp(BufferOps.STORE, (first,), lbuf)
+  second = LazyOp(ReduceOps.SUM, (LazyOp(BufferOps.LOAD, (lstore,), lbuf),), (1,))
+  ast = kernel(store(second, S(4, 1, 1)))
+  uops = check(ast, CL, [a], a.sum(1).reshape(4, 1, 1), rtol=1e-4, atol=1e-4)
+  ops = [u.op for u in uops]
+  assert ops.count(UOps.BARRIER) == 1 and UOps.IF in ops and UOps.DEFINE_LOCAL in ops
+  # the barrier comes after the local store and before the local load
+  bi = ops.index(UOps.BARRIER)
+  assert any(u.op is UOps.STORE and u.src[0].op is UOps.DEFINE_LOCAL for u in uops[:bi])
+  assert all(not (u.op is UOps.LOAD and u.src[0].op is UOps.DEFINE_LOCAL) for u in uops[:bi])
+  with pytest.raises(UnsupportedError): lower(ast, CPU)
+
+def test_more_than_three_global_dims_fold():
+  a = rand(2, 3, 4, 5)
+  ast = kernel(store(LazyOp(UnaryOps.NEG, (ld(1, S(2, 3, 4, 5)),)), S(2, 3, 4, 5)))
+  uops = check(ast, CL, [a], -a)
+  assert sorted(u.arg for u in uops if u.op is UOps.SPECIAL) == [(0, "gidx0", 6), (1, "gidx1", 4), (2, "gidx2", 5)]
+
+def test_fold_dims_respects_maxima():
+  assert fold_dims([2, 3, 4, 5], None) == [[0, 1], [2], [3]]
+  assert fold_dims([10, 70000], (2**31 - 1, 65535, 65535)) == [[0, 1]]
+  assert fold_dims([3, 4], (100, 100, 100)) == [[0], [1]]
+  with pytest.raises(UnsupportedError): fold_dims([70000, 70000, 70000], (65535, 65535, 65535))
+
+def test_parameters_first_in_order():
+  a, b = rand(4), rand(4)
+  ast = kernel(store(LazyOp(BinaryOps.ADD, (ld(2, S(4)), ld(1, S(4)))), S(4)))
+  uops = linearize(lower(ast, CPU), CPU)
+  assert [u.arg for u in uops[:3]] == [(0, "data0", True), (1, "data1", False), (2, "data2", False)]
+  del a, b
+
+def test_images_refused_cleanly():
+  img = dtypes.imagef((2, 2, 4))
+  ast = kernel(store(ld(1, S(16), img), S(16)))
+  with pytest.raises(UnsupportedError): lower(ast, CL)
+
+# ***** the team's catalogue, optimized by the Kernel's heuristics for the C and OpenCL profiles *****
+
+def _catalogue_cases():
+  try: import catalogue
+  except ImportError: return []
+  return [c for c in catalogue.catalogue("small") if not c.tags & {"image", "bfloat16"}]
+
+@pytest.mark.parametrize("opts", [CPU, CL], ids=["C", "OpenCL"])
+@pytest.mark.parametrize("case", _catalogue_cases(), ids=lambda c: c.name)
+def test_catalogue_hand_coded(case, opts):
+  from kernopt.kernel import Kernel
+  from kernopt.uops import flops_mem
+  k = Kernel(case.ast, opts=opts).required_optimizations().hand_coded_optimizations()
+  uops = linearize(lower(k.get_optimized_ast(), opts), opts)
+  for var_vals in case.var_vals[-1:]:
+    vv = {u.arg: var_vals[u.arg.expr] for u in uops if u.op is UOps.DEFINE_VAR}
+    if sym_infer(flops_mem(uops)[1], vv) > 400_000: pytest.skip("too big for the reference evaluator")
+    inputs = case.inputs(np.random.default_rng(1))
+    arrays = {b.idx: np.zeros(b.numel, b.np_dtype) for b in case.outputs}
+    arrays.update({i: np.ascontiguousarray(x).reshape(-1) for i, x in inputs.items()})
+    run_uops(uops, [arrays[i] for i in range(len(arrays))], var_vals)
+    for i, ref in case.reference(inputs, var_vals).items():
+      got = arrays[i][:ref.size].reshape(ref.shape)
+      if case.tol: np.testing.assert_allclose(got, ref, rtol=case.tol, atol=case.tol)
+      else: np.testing.assert_array_equal(got, ref)

@@ -1,0 +1,357 @@
+"""The OPENCL device on PoCL (or any OpenCL platform): hand-built UOp lists rendered by OpenCLRenderer and run
+against numpy, the compile and launch errors, the on-disk binary cache. Skipped only when no platform exists."""
+import os, subprocess, sys, textwrap
+import numpy as np
+import pytest
+from kernopt.dtype import dtypes
+from kernopt.errors import CompileError, LaunchError, UnsupportedError
+from kernopt.helpers import config_override
+from kernopt.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
+from kernopt.renderers import BufferArg, Program
+from kernopt.renderers.opencl import OpenCLRenderer
+from kernopt.shape.symbolic import Variable
+from kernopt.uops import UOp, UOps
+
+pytest.importorskip("pyopencl", reason="pyopencl is not installed (pip install pyopencl pocl-binary-distribution)")
+from kernopt.runtime import Buffer, Device  # noqa: E402
+from kernopt.runtime.opencl import OpenCLDevice, select_device  # noqa: E402
+
+_ok, _why = OpenCLDevice.availability()
+if not _ok: pytest.skip(f"no OpenCL platform: {_why}", allow_module_level=True)
+
+i32, f32 = dtypes.int32, dtypes.float32
+
+@pytest.fixture(scope="module")
+def dev():
+  return Device["OPENCL"]
+
+@pytest.fixture(autouse=True)
+def _cache_dir(tmp_path):
+  with config_override(CACHE_DIR=str(tmp_path)): yield
+
+def glob(idx, dt, writable=False): return UOp(UOps.DEFINE_GLOBAL, dt, (), (idx, f"data{idx}", writable))
+def const(v, dt=i32): return UOp.const(dt, v)
+def special(dim, name, size): return UOp(UOps.SPECIAL, i32, (), (dim, name, size))
+def alu(op, *src, dtype=None): return src[0].alu(op, *src[1:], dtype=dtype)
+def load(buf, idx, dtype=None, *rest): return UOp(UOps.LOAD, dtype or buf.dtype, (buf, idx, *rest))
+def store(buf, idx, val, *valid): return UOp(UOps.STORE, None, (buf, idx, val, *valid))
+def rng(start, end, axis): return UOp(UOps.RANGE, i32, (const(start), end if isinstance(end, UOp) else const(end)), (axis, True))
+
+def lin(uops):
+  """uops in the given order, each preceded by its not-yet-listed sources (an accumulator's RANGE excepted)."""
+  seen, ret = set(), []
+  def visit(u):
+    if u in seen: return
+    seen.add(u)
+    if u.op is not UOps.DEFINE_ACC:
+      for s in u.src: visit(s)
+    ret.append(u)
+  for u in uops: visit(u)
+  return ret
+
+def make(dev, name, uops, args, global_size, local_size, renderer=None, vars=()):
+  uops = lin(uops)
+  src = (renderer or dev.renderer).render(name, uops)
+  prg = Program(name, src, "OPENCL", global_size, local_size, tuple(uops), args=tuple(args), vars=tuple(vars))
+  return dev.compile(prg)
+
+def buf(arr, dt=None):
+  arr = np.asarray(arr)
+  dt = dt or dtypes.from_name(arr.dtype.name)
+  return Buffer("OPENCL", arr.size, dt).copyin(arr)
+
+def test_renderer_static_profile_and_device_profile(dev):
+  r = OpenCLRenderer()
+  assert (r.device, r.has_local, r.has_shared, r.supports_float4) == ("OPENCL", True, True, True)
+  assert r.global_max == r.local_max == (0x8FFFFFFF,) * 3 and r.shared_max == 32768 and r.tensor_cores == ()
+  assert r.has_fp16 is False and r.supports_images is True
+  d = dev.cl_device
+  assert dev.renderer.local_max == tuple(d.max_work_item_sizes) and dev.renderer.max_local_size == d.max_work_group_size
+  assert dev.renderer.shared_max == d.local_mem_size
+  assert dev.renderer.has_fp16 == ("cl_khr_fp16" in d.extensions.split())
+  assert "has_fp16" in dev.renderer.capabilities()
+
+def test_select_device():
+  assert select_device(0).int_ptr == select_device(None).int_ptr or select_device(None) is not None
+  name = select_device(0).name
+  assert select_device(name[:5]).name == name
+  with config_override(CL_DEVICE="0"): assert select_device().name == name
+  with pytest.raises(UnsupportedError, match="no OpenCL device matches"): select_device("no-such-device-xyz")
+  with pytest.raises(UnsupportedError, match="index 99"): select_device(99)
+
+def _elementwise(n_var):
+  """out[i] = a[i] * 2 + b[i] for i < n, with 1-D workgroups of 32 threads."""
+  out, a, b = glob(0, f32, True), glob(1, f32), glob(2, f32)
+  n = UOp(UOps.DEFINE_VAR, i32, (), n_var)
+  g, l = special(0, "gidx0", 32), special(0, "lidx0", 32)
+  i = alu(BinaryOps.ADD, alu(BinaryOps.MUL, g, const(32)), l)
+  va, vb = load(a, i), load(b, i)
+  val = alu(BinaryOps.ADD, alu(BinaryOps.MUL, va, const(2.0, f32)), vb)
+  ok = alu(BinaryOps.CMPLT, i, n)
+  return [out, a, b, n, g, l, i, ok, va, vb, val, store(out, i, val, ok), UOp(UOps.SINK, None, ())]
+
+def test_elementwise_specials_and_variable(dev):
+  nv = Variable("n", 1, 1024)
+  uops = _elementwise(nv)
+  # a and b are read only where valid, so the loads sit under the store's condition: guard them with valid/alt
+  out, a, b, n, g, l, i, ok, va, vb, val, st, sink = uops
+  va, vb = load(a, i, f32, ok, const(0.0, f32)), load(b, i, f32, ok, const(0.0, f32))
+  val = alu(BinaryOps.ADD, alu(BinaryOps.MUL, va, const(2.0, f32)), vb)
+  uops = [out, a, b, n, g, l, i, ok, va, vb, val, store(out, i, val, ok), sink]
+  src = dev.renderer.render("ew", lin(uops))
+  assert "get_group_id(0)" in src and "get_local_id(0)" in src and src.index("int n") > src.index("data2")
+  rt = make(dev, "ew", uops, [BufferArg(0, f32, nv, True), BufferArg(1, f32, nv, False), BufferArg(2, f32, nv, False)],
+            (32,), (32,), vars=(nv,))
+  rng_ = np.random.default_rng(0)
+  an, bn = rng_.standard_normal(1000).astype(np.float32), rng_.standard_normal(1000).astype(np.float32)
+  ob = buf(np.full(1000, -7, np.float32))
+  secs = rt(ob, buf(an), buf(bn), var_vals={"n": 1000}, wait=True)
+  assert secs is not None and secs > 0
+  np.testing.assert_allclose(ob.numpy(), an * 2 + bn, rtol=1e-6)
+  rt(ob, buf(an), buf(bn), var_vals={nv: 10})
+  with pytest.raises(LaunchError, match="outside"): rt(ob, buf(an), buf(bn), var_vals={"n": 5000})
+
+def test_group_reduction_through_local_memory(dev):
+  """out[g] = sum(a[g*64:(g+1)*64]): 16 threads each sum 4 elements into __local, then thread 0 sums them."""
+  out, a = glob(0, f32, True), glob(1, f32)
+  g, l = special(0, "gidx0", 8), special(0, "lidx0", 16)
+  r0 = rng(0, 4, 1)
+  acc = UOp(UOps.DEFINE_ACC, f32, (r0,), 0.0)
+  idx = alu(BinaryOps.ADD, alu(BinaryOps.ADD, alu(BinaryOps.MUL, g, const(64)), alu(BinaryOps.MUL, l, const(4))), r0)
+  v = load(a, idx)
+  phi = UOp(UOps.PHI, f32, (acc, alu(BinaryOps.ADD, acc, v)))
+  temp = UOp(UOps.DEFINE_LOCAL, f32, (), ("temp", 16))
+  st = store(temp, l, phi)
+  bar = UOp(UOps.BARRIER, None, (st,))
+  first = alu(BinaryOps.CMPLT, l, const(1))
+  iff = UOp(UOps.IF, None, (first, bar))
+  r1 = rng(0, 16, 2)
+  acc2 = UOp(UOps.DEFINE_ACC, f32, (r1,), 0.0)
+  v2 = load(temp, r1, f32, bar)
+  phi2 = UOp(UOps.PHI, f32, (acc2, alu(BinaryOps.ADD, acc2, v2)))
+  ost = store(out, g, phi2)
+  uops = [out, a, temp, g, l, acc, r0, idx, v, phi.src[1], phi, UOp(UOps.ENDRANGE, None, (r0,)), st, bar, first, iff,
+          acc2, r1, v2, phi2.src[1], phi2, UOp(UOps.ENDRANGE, None, (r1,)), ost, UOp(UOps.ENDIF, None, (iff,))]
+  src = dev.renderer.render("grp", lin(uops))
+  assert "__local float temp[16];" in src and "barrier(CLK_LOCAL_MEM_FENCE);" in src
+  rt = make(dev, "grp", uops, [BufferArg(0, f32, 8, True), BufferArg(1, f32, 512, False)], (8,), (16,))
+  an = np.random.default_rng(1).standard_normal(512).astype(np.float32)
+  ob = buf(np.zeros(8, np.float32))
+  rt(ob, buf(an), wait=True)
+  np.testing.assert_allclose(ob.numpy(), an.reshape(8, 64).sum(1), rtol=1e-5, atol=1e-5)
+
+def test_float4_load_store_gep_vectorize(dev):
+  """out[4i:4i+4] = a[4i:4i+4] * 2 + (0, 1, 2, 3); lanes[i] = a[4i+2] - via float4 loads, stores and GEP."""
+  f4 = f32.vec(4)
+  out, a, lanes = glob(0, f32, True), glob(1, f32), glob(2, f32, True)
+  g = special(0, "gidx0", 16)
+  i4 = alu(BinaryOps.MUL, g, const(4))
+  v = load(a, i4, f4)
+  ramp = UOp(UOps.VECTORIZE, f4, tuple(const(float(k), f32) for k in range(4)))
+  val = alu(BinaryOps.ADD, alu(BinaryOps.MUL, v, const(2.0, f4)), ramp)
+  lane = UOp(UOps.GEP, f32, (v,), 2)
+  uops = [out, a, lanes, g, i4, v, ramp, val.src[0], val, lane, store(out, i4, val), store(lanes, g, lane)]
+  src = dev.renderer.render("vec4", lin(uops))
+  assert "float4" in src and "vload4" in src and "vstore4" in src and "(float4)(" in src
+  rt = make(dev, "vec4", uops, [BufferArg(0, f32, 64, True), BufferArg(1, f32, 64, False), BufferArg(2, f32, 16, True)],
+            (16,), None)
+  an = np.arange(64, dtype=np.float32) * 0.5
+  ob, lb = buf(np.zeros(64, np.float32)), buf(np.zeros(16, np.float32))
+  rt(ob, buf(an), lb)
+  np.testing.assert_array_equal(ob.numpy(), an * 2 + np.tile(np.arange(4, dtype=np.float32), 16))
+  np.testing.assert_array_equal(lb.numpy(), an[2::4])
+
+def test_half_storage_with_float_math(dev):
+  """half in, half out, math in float with each result rounded to half (numpy's float16 arithmetic); a CAST to half
+  rounds to nearest even; half4 through vload_half4 / vstore_half4_rte."""
+  h, h4 = dtypes.half, dtypes.half.vec(4)
+  out, a, f_in, f_out, o4 = glob(0, h, True), glob(1, h), glob(2, f32), glob(3, f32, True), glob(4, h, True)
+  g = special(0, "gidx0", 64)
+  v = load(a, g)
+  val = alu(BinaryOps.ADD, alu(BinaryOps.MUL, v, const(3.0, h)), const(0.5, h))
+  rounded = UOp(UOps.CAST, f32, (UOp(UOps.CAST, h, (load(f_in, g),)),))
+  i4 = alu(BinaryOps.MUL, alu(BinaryOps.IDIV, g, const(4)), const(4))
+  v4 = load(a, i4, h4)
+  dbl = alu(BinaryOps.MUL, v4, const(2.0, h4))
+  first = alu(BinaryOps.CMPNE, alu(BinaryOps.MOD, g, const(4)), const(0))
+  notfirst = alu(UnaryOps.NEG, first)
+  uops = [out, a, f_in, f_out, o4, g, v, val.src[0], val, store(out, g, val), rounded.src[0].src[0], rounded.src[0],
+          rounded, store(f_out, g, rounded), i4.src[0], i4, v4, dbl, first.src[0], first, notfirst,
+          store(o4, i4, dbl, notfirst)]
+  r = OpenCLRenderer(has_fp16=False)
+  src = r.render("halfs", lin(uops))
+  assert "vload_half(" in src and "vstore_half_rte(" in src and "vload_half4" in src and "cl_khr_fp16" not in src
+  assert "cl_khr_fp16 : enable" in OpenCLRenderer(has_fp16=True).render("halfs", lin(uops))
+  args = [BufferArg(0, h, 64, True), BufferArg(1, h, 64, False), BufferArg(2, f32, 64, False), BufferArg(3, f32, 64, True),
+          BufferArg(4, h, 64, True)]
+  rt = make(dev, "halfs", uops, args, (64,), None, renderer=r)
+  rng_ = np.random.default_rng(2)
+  an = (rng_.standard_normal(64) * 100).astype(np.float16)
+  fn = (rng_.standard_normal(64) * 1000).astype(np.float32)
+  ob, fo, o4b = buf(np.zeros(64, np.float16)), buf(np.zeros(64, np.float32)), buf(np.zeros(64, np.float16))
+  rt(ob, buf(an), buf(fn), fo, o4b)
+  np.testing.assert_array_equal(ob.numpy(), an * np.float16(3) + np.float16(0.5))
+  np.testing.assert_array_equal(fo.numpy(), fn.astype(np.float16).astype(np.float32))
+  np.testing.assert_array_equal(o4b.numpy(), (an.astype(np.float32) * 2).astype(np.float16))
+
+def test_bfloat16_storage(dev):
+  bf = dtypes.bfloat16
+  out, a = glob(0, bf, True), glob(1, bf)
+  g = special(0, "gidx0", 32)
+  v = load(a, g)
+  val = alu(BinaryOps.MUL, v, const(3.0, bf))
+  uops = [out, a, g, v, val, store(out, g, val)]
+  rt = make(dev, "bf16", uops, [BufferArg(0, bf, 32, True), BufferArg(1, bf, 32, False)], (32,), None)
+  x = np.random.default_rng(3).standard_normal(32).astype(np.float32)
+  bits = (x.view(np.uint32) >> 16).astype(np.uint16)          # bfloat16 by truncation: exactly representable
+  ob = buf(np.zeros(32, np.uint16), bf)
+  rt(ob, buf(bits, bf))
+  prod_ = (bits.astype(np.uint32) << 16).view(np.float32) * 3
+  u = prod_.view(np.uint32)
+  expect = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+  np.testing.assert_array_equal(ob.numpy(), expect)
+
+def test_image_read_and_write(dev):
+  """out[(y*8+x)*4 : +4] = img[y, x] * 2 and oimg[y, x] = img[y, x] + 1 over an 8x4 imagef."""
+  imgdt = dtypes.imagef((4, 8, 4))
+  f4, i2 = f32.vec(4), i32.vec(2)
+  out, img, oimg = glob(0, f32, True), glob(1, imgdt), glob(2, imgdt, True)
+  x, y = special(0, "gidx0", 8), special(1, "gidx1", 4)
+  coord = UOp(UOps.VECTORIZE, i2, (x, y))
+  t = load(img, coord, f4)
+  flat = alu(BinaryOps.MUL, alu(BinaryOps.ADD, alu(BinaryOps.MUL, y, const(8)), x), const(4))
+  dbl = alu(BinaryOps.MUL, t, const(2.0, f4))
+  inc = alu(BinaryOps.ADD, t, const(1.0, f4))
+  uops = [out, img, oimg, x, y, coord, t, flat, dbl, inc,
+          store(out, flat, dbl), store(oimg, coord, inc)]
+  src = dev.renderer.render("img", lin(uops))
+  assert "read_imagef(data1, smp, " in src and "write_imagef(data2, " in src and "CLK_FILTER_NEAREST" in src
+  rt = make(dev, "img", uops, [BufferArg(0, f32, 128, True), BufferArg(1, imgdt, 128, False),
+                               BufferArg(2, imgdt, 128, True)], (8, 4), None)
+  data = np.random.default_rng(4).standard_normal(128).astype(np.float32)
+  ob, ib, oib = buf(np.zeros(128, np.float32)), buf(data, imgdt), buf(np.zeros(128, np.float32), imgdt)
+  rt(ob, ib, oib)
+  np.testing.assert_array_equal(ob.numpy(), data * 2)
+  np.testing.assert_array_equal(oib.numpy(), data + 1)
+  np.testing.assert_array_equal(ib.numpy(), data)
+
+I32_MIN = -2**31
+
+@pytest.mark.parametrize("op", [BinaryOps.IDIV, BinaryOps.MOD, BinaryOps.SHL, BinaryOps.SHR, BinaryOps.ADD,
+                                BinaryOps.MUL, BinaryOps.MAX, UnaryOps.NEG])
+def test_integer_ops_follow_the_semantics_table(dev, op):
+  """Division by zero, INT_MIN / -1, wrapping and out-of-range shift counts give exec_alu's values, no trap."""
+  out, a, b = glob(0, i32, True), glob(1, i32), glob(2, i32)
+  g = special(0, "gidx0", 12)
+  va, vb = load(a, g), load(b, g)
+  r = alu(op, va) if op is UnaryOps.NEG else alu(op, va, vb)
+  uops = [out, a, b, g, va, vb, r, store(out, g, r)]
+  rt = make(dev, f"int_{op.name.lower()}", uops, [BufferArg(0, i32, 12, True), BufferArg(1, i32, 12, False),
+                                                   BufferArg(2, i32, 12, False)], (12,), None)
+  an = np.array([7, -7, 7, -7, I32_MIN, I32_MIN, 5, 2**31 - 1, 1, -1, 3, 123456789], np.int32)
+  bn = np.array([2, 2, -2, 0, -1, 0, 33, 2, -1, 31, 64, 98765], np.int32)
+  ob = buf(np.zeros(12, np.int32))
+  rt(ob, buf(an), buf(bn))
+  expect = [exec_alu(op, i32, (int(x),) if op is UnaryOps.NEG else (int(x), int(y))) for x, y in zip(an, bn)]
+  assert ob.numpy().tolist() == expect
+
+def test_float_where_and_mulacc(dev):
+  out, a, b = glob(0, f32, True), glob(1, f32), glob(2, f32)
+  g = special(0, "gidx0", 16)
+  va, vb = load(a, g), load(b, g)
+  w = alu(TernaryOps.WHERE, alu(BinaryOps.CMPLT, va, vb), alu(TernaryOps.MULACC, va, vb, const(1.0, f32)), vb)
+  uops = [out, a, b, g, va, vb, w.src[0], w.src[1], w, store(out, g, w)]
+  rt = make(dev, "wm", uops, [BufferArg(i, f32, 16, i == 0) for i in range(3)], (16,), None)
+  rng_ = np.random.default_rng(5)
+  an, bn = rng_.standard_normal(16).astype(np.float32), rng_.standard_normal(16).astype(np.float32)
+  ob = buf(np.zeros(16, np.float32))
+  rt(ob, buf(an), buf(bn))
+  np.testing.assert_allclose(ob.numpy(), np.where(an < bn, an * bn + 1, bn), rtol=1e-6)
+
+def test_compile_error_carries_build_log(dev):
+  src = "__kernel void broken(__global float* data0) { data0[0] = undeclared_thing; }\n"
+  prg = Program("broken", src, "OPENCL", (1,), (1,), args=(BufferArg(0, f32, 1, True),))
+  with pytest.raises(CompileError) as e: dev.compile(prg)
+  assert "undeclared_thing" in e.value.log and e.value.src == src and "broken" in str(e.value)
+
+def _copy_kernel(dev, name="copy", size=100):
+  out, a = glob(0, f32, True), glob(1, f32)
+  g = special(0, "gidx0", size)
+  v = load(a, g)
+  return make(dev, name, [out, a, g, v, store(out, g, v)], [BufferArg(0, f32, size, True), BufferArg(1, f32, size, False)],
+              (size,), None)
+
+def test_too_small_buffer_is_refused_before_enqueue(dev):
+  rt = _copy_kernel(dev)
+  ob = buf(np.full(100, 3, np.float32))
+  with pytest.raises(LaunchError, match="buffer 1 holds 50 elements"): rt(ob, buf(np.zeros(50, np.float32)))
+  with pytest.raises(LaunchError, match="takes 2 buffers"): rt(ob)
+  with pytest.raises(LaunchError, match="dtype"): rt(ob, buf(np.zeros(100, np.int32)))
+  np.testing.assert_array_equal(ob.numpy(), np.full(100, 3, np.float32))   # nothing ran
+
+def test_launch_beyond_device_limits_is_refused(dev):
+  rt = _copy_kernel(dev, "copy_limits")
+  lib, prg = rt.lib, rt.program
+  too_big = dev.cl_device.max_work_item_sizes[0] + 1
+  with pytest.raises(LaunchError, match="exceeds"): dev.launch_sizes(lib, prg, (1,), (too_big,))
+  with pytest.raises(LaunchError, match="work-group of"): dev.launch_sizes(lib, prg, (1, 1), (64, 128))
+  with pytest.raises(LaunchError, match="at most 3"): dev.launch_sizes(lib, prg, (1, 1, 1, 1), None)
+  assert dev.launch_sizes(lib, prg, (4, 3), (2, 1)) == ((8, 3), (2, 1))
+  assert dev.launch_sizes(lib, prg, None, None) == ((1,), (1,))
+
+def test_binary_cache_hit_in_fresh_process(tmp_path):
+  script = textwrap.dedent("""
+    import numpy as np
+    from kernopt.dtype import dtypes
+    from kernopt.renderers import BufferArg, Program
+    from kernopt.runtime import Buffer, Device
+    src = "__kernel void addone(__global float* data0, __global const float* data1) { int i = get_group_id(0); data0[i] = data1[i] + 1.0f; }"
+    dev = Device["OPENCL"]
+    rt = dev.compile(Program("addone", src, "OPENCL", (8,), None, args=(BufferArg(0, dtypes.float, 8, True), BufferArg(1, dtypes.float, 8, False))))
+    o = Buffer("OPENCL", 8, dtypes.float)
+    rt(o, Buffer("OPENCL", 8, dtypes.float).copyin(np.arange(8, dtype=np.float32)))
+    assert o.numpy().tolist() == [float(i + 1) for i in range(8)]
+    print("FROM_CACHE", rt.lib.from_cache)
+  """)
+  env = {**os.environ, "CACHE_DIR": str(tmp_path), "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__)))}
+  runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True) for _ in range(2)]
+  for r in runs: assert r.returncode == 0, r.stderr
+  assert "FROM_CACHE False" in runs[0].stdout and "FROM_CACHE True" in runs[1].stdout
+  assert len(list((tmp_path / "opencl").glob("*.bin"))) == 1
+
+# ***** end to end: the catalogue, unoptimized and through the standard protocol *****
+
+def _catalogue():
+  try:
+    from tests.catalogue import catalogue
+  except ImportError: return []
+  return catalogue("small")
+
+def _check_close(case, spec, got, want):
+  if spec.dtype == dtypes.bfloat16:
+    from tests.catalogue import bf16_to_f32
+    got, want = bf16_to_f32(got), bf16_to_f32(np.asarray(want))
+  want = np.asarray(want).reshape(-1)
+  if case.tol == 0 or not dtypes.is_float(spec.dtype): np.testing.assert_array_equal(got, want.astype(got.dtype))
+  else:
+    w = want.astype(np.float64)
+    scale = max(1.0, float(np.nanmax(np.abs(w), initial=0.0)))
+    np.testing.assert_allclose(got.astype(np.float64), w, rtol=case.tol, atol=case.tol * scale)
+
+@pytest.mark.parametrize("optimize", [False, True], ids=["unoptimized", "protocol"])
+@pytest.mark.parametrize("case", _catalogue(), ids=lambda c: c.name)
+def test_catalogue_end_to_end(dev, case, optimize):
+  from kernopt.kernel import Kernel
+  k = Kernel(case.ast, opts=dev.renderer)
+  if optimize:
+    k.required_optimizations()
+    if not k.apply_tensor_cores(): k.hand_coded_optimizations()
+  prg = k.to_program()
+  runner = dev.compile(prg)
+  inputs = case.inputs(np.random.default_rng(7))
+  for var_vals in case.var_vals:
+    bufs = {s.idx: Buffer("OPENCL", s.numel, s.dtype) for s in case.buffers}
+    for idx, arr in inputs.items(): bufs[idx].copyin(arr)
+    runner(*[bufs[a.idx] for a in prg.args], var_vals=var_vals, wait=True)
+    want = case.reference(inputs, var_vals)
+    for spec in case.outputs: _check_close(case, spec, bufs[spec.idx].numpy(), want[spec.idx])

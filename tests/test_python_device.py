@@ -1,0 +1,339 @@
+"""The PYTHON device on hand-built linearized UOp lists, compared with numpy; its ALU against ops.exec_alu."""
+import itertools
+import math
+import numpy as np
+import pytest
+from kernopt.dtype import dtypes, wrap_int
+from kernopt.errors import LaunchError
+from kernopt.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu, truncate_float
+from kernopt.runtime import Buffer, Device, np_dtype
+from kernopt.runtime.python import EmulationError, OutOfBoundsError, RaceError, alu, make_program, reg_dtype
+from kernopt.uops import UOp, UOps
+
+i32, f32 = dtypes.int32, dtypes.float32
+
+class Prog:
+  """Collects uops in execution order: p(op, dtype, src, arg) builds, appends and returns a UOp."""
+  def __init__(self) -> None: self.uops: list[UOp] = []
+  def __call__(self, op: UOps, dtype=None, src=(), arg=None) -> UOp:
+    u = UOp(op, dtype, tuple(src), arg)
+    if u not in self.uops: self.uops.append(u)  # uops are interned: a repeated CONST is the same node
+    return u
+  def const(self, v, dt=i32) -> UOp: return self(UOps.CONST, dt, (), v)
+  def alu(self, op, *src, dtype=None) -> UOp:
+    dt = dtype or (dtypes.bool if op in (BinaryOps.CMPLT, BinaryOps.CMPNE) else src[-1].dtype)
+    return self(UOps.ALU, dt, src, op)
+  def buf(self, idx, dt, writable=False) -> UOp: return self(UOps.DEFINE_GLOBAL, dt, (), (idx, f"data{idx}", writable))
+  def special(self, name, size) -> UOp: return self(UOps.SPECIAL, i32, (), (int(name[-1]), name, size))
+
+def launch(dev, name, p, gsz, lsz, arrays, dts, min_sizes=None, var_vals=None):
+  prg = make_program(name, p.uops, gsz, lsz, min_sizes or {}, emulate=getattr(dev, "emulate", None))
+  bufs = [Buffer(dev.name, a.size, dt).copyin(a) if a is not None else None for a, dt in zip(arrays, dts)]
+  dev.compile(prg)(*bufs, var_vals=var_vals or {}, wait=True)
+  return [b.numpy() for b in bufs]
+
+@pytest.fixture(scope="module")
+def dev(): return Device.open("PYTHON")
+
+def test_elementwise_specials_and_workgroups(dev):
+  p = Prog()
+  out, a, b = p.buf(0, f32, True), p.buf(1, f32), p.buf(2, f32)
+  g0, g1, l0 = p.special("gidx0", 3), p.special("gidx1", 2), p.special("lidx0", 4)
+  gid = p.alu(BinaryOps.ADD, p.alu(BinaryOps.MUL, g1, p.const(3)), g0)
+  idx = p.alu(BinaryOps.ADD, p.alu(BinaryOps.MUL, gid, p.const(4)), l0)
+  twice = p.alu(BinaryOps.MUL, p(UOps.LOAD, f32, (a, idx)), p.const(2.0, f32))
+  x = p.alu(BinaryOps.ADD, twice, p(UOps.LOAD, f32, (b, idx)))
+  p(UOps.STORE, None, (out, idx, x))
+  rng = np.random.default_rng(0)
+  av, bv = rng.standard_normal(24).astype(np.float32), rng.standard_normal(24).astype(np.float32)
+  res = launch(dev, "elementwise", p, (3, 2), (4,), [np.zeros(24, np.float32), av, bv], [f32] * 3,
+               {0: 24, 1: 24, 2: 24})
+  np.testing.assert_array_equal(res[0], av * 2 + bv)
+
+def _reduce_rows(p, a, row, n):
+  """acc = sum_j a[row*n + j] as DEFINE_ACC / RANGE / PHI / ENDRANGE; returns the PHI."""
+  acc = p(UOps.DEFINE_ACC, f32, (), 0.0)
+  r = p(UOps.RANGE, i32, (p.const(0), n), (1, True))
+  x = p(UOps.LOAD, f32, (a, p.alu(BinaryOps.ADD, p.alu(BinaryOps.MUL, row, n), r)))
+  phi = p(UOps.PHI, f32, (acc, p.alu(BinaryOps.ADD, acc, x)))
+  p(UOps.ENDRANGE, None, (r,))
+  return phi
+
+def test_reduce_loop_acc_phi(dev):
+  p = Prog()
+  out, a = p.buf(0, f32, True), p.buf(1, f32)
+  g = p.special("gidx0", 6)
+  phi = _reduce_rows(p, a, g, p.const(10))
+  p(UOps.STORE, None, (out, g, phi))
+  av = np.arange(60, dtype=np.float32) * 0.5
+  res = launch(dev, "reduce_rows", p, (6,), None, [np.zeros(6, np.float32), av], [f32, f32], {0: 6, 1: 60})
+  np.testing.assert_allclose(res[0], av.reshape(6, 10).sum(1), rtol=1e-6)
+
+def test_range_bounds_from_variable_and_thread(dev):
+  from kernopt.shape.symbolic import Variable
+  p = Prog()
+  out, a = p.buf(0, f32, True), p.buf(1, f32)
+  g = p.special("gidx0", 8)
+  n = p(UOps.DEFINE_VAR, i32, (), Variable("n", 1, 16))
+  acc = p(UOps.DEFINE_ACC, f32, (), 0.0)
+  end = p.alu(BinaryOps.ADD, g, n)      # trip counts differ between threads: out[g] = sum a[0 : g + n]
+  r = p(UOps.RANGE, i32, (p.const(0), end), (1, True))
+  phi = p(UOps.PHI, f32, (acc, p.alu(BinaryOps.ADD, acc, p(UOps.LOAD, f32, (a, r)))))
+  p(UOps.ENDRANGE, None, (r,))
+  p(UOps.STORE, None, (out, g, phi))
+  av = np.arange(32, dtype=np.float32)
+  res = launch(dev, "triangle", p, (8,), None, [np.zeros(8, np.float32), av], [f32, f32], {0: 8, 1: 32}, {"n": 5})
+  np.testing.assert_array_equal(res[0], [av[:g + 5].sum() for g in range(8)])
+
+def _group_reduce(with_barrier: bool) -> Prog:
+  """Each of 16 threads of a workgroup sums 4 elements into temp[lidx]; thread 0 sums temp into out[gidx]."""
+  p = Prog()
+  out, a = p.buf(0, f32, True), p.buf(1, f32)
+  g, lid = p.special("gidx0", 3), p.special("lidx0", 16)
+  tmp = p(UOps.DEFINE_LOCAL, f32, (), ("temp", 16))
+  part = _reduce_rows(p, a, p.alu(BinaryOps.ADD, p.alu(BinaryOps.MUL, g, p.const(16)), lid), p.const(4))
+  st = p(UOps.STORE, None, (tmp, lid, part))
+  bar = p(UOps.BARRIER, None, (st,)) if with_barrier else None
+  cond = p.alu(BinaryOps.CMPLT, lid, p.const(1))
+  iff = p(UOps.IF, None, (cond, bar) if bar is not None else (cond,))
+  acc = p(UOps.DEFINE_ACC, f32, (), 1.0)  # a distinct accumulator (interned uops): start at 1 and subtract below
+  r = p(UOps.RANGE, i32, (p.const(0), p.const(16)), (2, True))
+  x = p(UOps.LOAD, f32, (tmp, r, bar) if bar is not None else (tmp, r))
+  phi = p(UOps.PHI, f32, (acc, p.alu(BinaryOps.ADD, acc, x)))
+  p(UOps.ENDRANGE, None, (r,))
+  p(UOps.STORE, None, (out, g, p.alu(BinaryOps.ADD, phi, p.const(-1.0, f32))))
+  p(UOps.ENDIF, None, (iff,))
+  return p
+
+def test_group_reduce_through_local_memory(dev):
+  av = np.random.default_rng(1).integers(-8, 8, 192).astype(np.float32)
+  res = launch(dev, "group_reduce", _group_reduce(True), (3,), (16,), [np.zeros(3, np.float32), av], [f32, f32],
+               {0: 3, 1: 192})
+  np.testing.assert_array_equal(res[0], av.reshape(3, 64).sum(1))
+
+def test_missing_barrier_is_a_race(dev):
+  av = np.ones(192, np.float32)
+  with pytest.raises(RaceError, match=r"group_reduce_nobarrier.*temp\[1\].*written by thread 1"):
+    launch(dev, "group_reduce_nobarrier", _group_reduce(False), (3,), (16,), [np.zeros(3, np.float32), av],
+           [f32, f32], {0: 3, 1: 192})
+
+def test_vector_load_store_gep_vectorize(dev):
+  p = Prog()
+  f4 = f32.vec(4)
+  out, a = p.buf(0, f32, True), p.buf(1, f32)
+  base = p.alu(BinaryOps.MUL, p.special("gidx0", 5), p.const(4))
+  v = p(UOps.LOAD, f4, (a, base))
+  lanes = [p(UOps.GEP, f32, (v,), i) for i in range(4)]
+  rev = p(UOps.VECTORIZE, f4, tuple(reversed(lanes)))
+  p(UOps.STORE, None, (out, base, p.alu(BinaryOps.MUL, rev, p.const(3.0, f4))))
+  av = np.arange(20, dtype=np.float32)
+  res = launch(dev, "vec4", p, (5,), (1,), [np.zeros(20, np.float32), av], [f32, f32], {0: 20, 1: 20})
+  np.testing.assert_array_equal(res[0], av.reshape(5, 4)[:, ::-1].reshape(-1) * 3)
+
+def test_guarded_load_does_not_fault(dev):
+  p = Prog()
+  out, a = p.buf(0, f32, True), p.buf(1, f32)
+  t = p.special("lidx0", 8)
+  src = p.alu(BinaryOps.ADD, t, p.const(-1))                          # a[t-1], 0 for t == 0
+  valid = p.alu(BinaryOps.CMPLT, p.const(0), t)
+  p(UOps.STORE, None, (out, t, p(UOps.LOAD, f32, (a, src, valid, p.const(0.0, f32)))))
+  av = np.arange(1, 9, dtype=np.float32)
+  res = launch(dev, "shift", p, (1,), (8,), [np.zeros(8, np.float32), av], [f32, f32], {0: 8, 1: 8})
+  np.testing.assert_array_equal(res[0], np.concatenate([[0], av[:-1]]))
+
+def test_out_of_bounds_names_kernel_buffer_index(dev):
+  p = Prog()
+  out = p.buf(0, f32, True)
+  t = p.special("gidx0", 8)
+  p(UOps.STORE, None, (out, p.alu(BinaryOps.ADD, t, p.const(1)), p.const(1.0, f32)))
+  with pytest.raises(OutOfBoundsError, match=r"oob_store: thread 0 of workgroup 7 stores data0\[8\]"):
+    launch(dev, "oob_store", p, (8,), None, [np.zeros(8, np.float32)], [f32], {0: 8})
+
+def test_masked_off_threads_do_not_fault(dev):
+  p = Prog()
+  out, a = p.buf(0, f32, True), p.buf(1, f32)
+  t = p.special("gidx0", 8)
+  iff = p(UOps.IF, None, (p.alu(BinaryOps.CMPLT, t, p.const(4)),))
+  x = p(UOps.LOAD, f32, (a, p.alu(BinaryOps.MUL, t, p.const(2))))  # index 8..14 only where the IF is false
+  p(UOps.STORE, None, (out, t, x))
+  p(UOps.ENDIF, None, (iff,))
+  av = np.arange(8, dtype=np.float32)
+  res = launch(dev, "masked", p, (8,), None, [np.full(8, -1, np.float32), av], [f32, f32], {0: 8, 1: 8})
+  np.testing.assert_array_equal(res[0], [0, 2, 4, 6, -1, -1, -1, -1])
+
+def test_too_small_buffer_is_a_launch_error(dev):
+  p = Prog()
+  out = p.buf(0, f32, True)
+  p(UOps.STORE, None, (out, p.special("gidx0", 8), p.const(1.0, f32)))
+  with pytest.raises(LaunchError, match="addresses 8"):
+    launch(dev, "small", p, (8,), None, [np.zeros(4, np.float32)], [f32], {0: 8})
+
+def test_store_to_readonly_buffer(dev):
+  p = Prog()
+  out = p.buf(0, f32, False)
+  p(UOps.STORE, None, (out, p.special("gidx0", 2), p.const(1.0, f32)))
+  with pytest.raises(EmulationError, match="read-only buffer data0"):
+    launch(dev, "ro", p, (2,), None, [np.zeros(2, np.float32)], [f32], {0: 2})
+
+def test_cast_to_half_and_bfloat16_rounds_to_nearest_even(dev):
+  p = Prog()
+  oh, ob, oi, a = p.buf(0, dtypes.half, True), p.buf(1, dtypes.bfloat16, True), p.buf(2, i32, True), p.buf(3, f32)
+  t = p.special("gidx0", 64)
+  x = p(UOps.LOAD, f32, (a, t))
+  p(UOps.STORE, None, (oh, t, p(UOps.CAST, dtypes.half, (x,))))
+  p(UOps.STORE, None, (ob, t, p(UOps.CAST, dtypes.bfloat16, (x,))))
+  p(UOps.STORE, None, (oi, t, p(UOps.BITCAST, i32, (x,))))
+  av = np.random.default_rng(2).standard_normal(64).astype(np.float32) * 100
+  av[:4] = [1 + 2 ** -8, 1 + 3 * 2 ** -8, 65519.0, 70000.0]  # bf16 ties (to even: down, up); half max rounding
+  outs = [np.zeros(64, np.float16), np.zeros(64, np.uint16), np.zeros(64, np.int32)]
+  res = launch(dev, "casts", p, (64,), None, outs + [av], [dtypes.half, dtypes.bfloat16, i32, f32],
+               {0: 64, 1: 64, 2: 64, 3: 64})
+  with np.errstate(over="ignore"): np.testing.assert_array_equal(res[0], av.astype(np.float16))
+  bf = (res[1].astype(np.uint32) << 16).view(np.float32)
+  np.testing.assert_array_equal(bf, [truncate_float(float(v), dtypes.bfloat16) for v in av])
+  np.testing.assert_array_equal(res[2], av.view(np.int32))
+
+def test_bfloat16_buffer_loads_and_computes():
+  dev = Device.open("PYTHON", emulate="CUDA")
+  p = Prog()
+  out, a = p.buf(0, dtypes.bfloat16, True), p.buf(1, dtypes.bfloat16)
+  t = p.special("gidx0", 16)
+  x = p(UOps.LOAD, dtypes.bfloat16, (a, t))
+  p(UOps.STORE, None, (out, t, p.alu(BinaryOps.MUL, x, p.const(1.0078125, dtypes.bfloat16))))
+  vals = np.linspace(-3, 3, 16)
+  bits = np.array([np.float32(truncate_float(v, dtypes.bfloat16)).view(np.uint32) >> 16 for v in vals], np.uint16)
+  res = launch(dev, "bf16mul", p, (16,), None, [np.zeros(16, np.uint16), bits], [dtypes.bfloat16] * 2, {0: 16, 1: 16})
+  got = (res[0].astype(np.uint32) << 16).view(np.float32)
+  src = (bits.astype(np.uint32) << 16).view(np.float32)
+  np.testing.assert_array_equal(got, [exec_alu(BinaryOps.MUL, dtypes.bfloat16, (float(v), 1.0078125)) for v in src])
+
+def test_image_load_and_store(dev):
+  img = dtypes.imagef((3, 4, 4))
+  f4, i2 = f32.vec(4), i32.vec(2)
+  p = Prog()
+  out, src = p.buf(0, img, True), p.buf(1, img)
+  x, y = p.special("gidx0", 4), p.special("gidx1", 3)
+  xy_in = p(UOps.VECTORIZE, i2, (p.alu(BinaryOps.ADD, x, p.const(1)), y))  # x + 1 reads past the right edge -> 0
+  v = p(UOps.LOAD, f4, (src, xy_in))
+  p(UOps.STORE, None, (out, p(UOps.VECTORIZE, i2, (x, y)), p.alu(BinaryOps.ADD, v, p.const(1.0, f4))))
+  data = np.arange(48, dtype=np.float32).reshape(3, 4, 4)
+  res = launch(dev, "image", p, (4, 3), None, [np.zeros(48, np.float32), data.reshape(-1)], [img, img])
+  want = np.concatenate([data[:, 1:], np.zeros((3, 1, 4), np.float32)], axis=1) + 1
+  np.testing.assert_array_equal(res[0].reshape(3, 4, 4), want)
+
+# ***** ALU parity with ops.exec_alu *****
+
+INT_VALS = [0, 1, -1, 2, 7, -7, 100, -128, 127, 2 ** 31 - 1, -2 ** 31, 2 ** 63 - 1]
+FLOAT_VALS = [0.0, -0.0, 1.0, -1.5, 2.25, 0.1, 3.0, 1e4, -1e-3, math.inf, -math.inf, math.nan, 60000.0]
+SCALARS = [dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
+           dtypes.int64, dtypes.uint64, dtypes.half, dtypes.bfloat16, dtypes.float32, dtypes.float64]
+UNARY = [UnaryOps.NEG, UnaryOps.RECIP, UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT]
+BINARY = list(BinaryOps)
+FLOAT_ONLY = {UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT}
+INT_ONLY = {BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR, BinaryOps.SHL, BinaryOps.SHR}
+BOOL_OK = {UnaryOps.NEG, BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, BinaryOps.CMPLT, BinaryOps.CMPNE, BinaryOps.XOR,
+           BinaryOps.AND, BinaryOps.OR, TernaryOps.WHERE}
+
+def _values(dt):
+  if dt == dtypes.bool: return [False, True]
+  if dtypes.is_int(dt): return sorted({wrap_int(v, dt) for v in INT_VALS})
+  return [truncate_float(v, dt) for v in FLOAT_VALS]
+
+def _applies(op, dt):
+  if dt == dtypes.bool: return op in BOOL_OK
+  if dtypes.is_float(dt): return op not in INT_ONLY
+  return op not in FLOAT_ONLY
+
+def _same(got, want) -> bool:
+  if isinstance(want, float):
+    got = float(got)
+    return (math.isnan(got) and math.isnan(want)) or (got == want and math.copysign(1, got) == math.copysign(1, want))
+  return got == want
+
+def _check_parity(op, dt, rows):
+  out_dt = dtypes.bool if op in (BinaryOps.CMPLT, BinaryOps.CMPNE) else dt
+  wants, keep = [], []
+  for row in rows:
+    try: wants.append(exec_alu(op, out_dt, row))
+    except (ValueError, OverflowError): continue  # math.fmod(inf, x) and friends: no defined value to compare
+    keep.append(row)
+  cols = [np.array([r[k] for r in keep], dtype=reg_dtype(dtypes.bool if (op is TernaryOps.WHERE and k == 0) else dt))
+          for k in range(len(keep[0]))]
+  got = alu(op, out_dt, tuple(cols))
+  assert got.dtype == reg_dtype(out_dt)
+  bad = [(r, g, w) for r, g, w in zip(keep, got.tolist(), wants) if not _same(g, w)]
+  assert not bad, f"{op} on {dt}: (operands, got, exec_alu) {bad[:5]}"
+
+@pytest.mark.parametrize("dt", SCALARS, ids=lambda d: d.name)
+def test_alu_parity_with_exec_alu(dt):
+  vals = _values(dt)
+  for op in UNARY + BINARY + [TernaryOps.MULACC]:
+    if not _applies(op, dt): continue
+    n = 1 if op in UNARY else 3 if op is TernaryOps.MULACC else 2
+    rows = list(itertools.product(vals, repeat=n))
+    if op in (BinaryOps.SHL, BinaryOps.SHR) and dtypes.is_int(dt):
+      rows = [(a, wrap_int(b, dt)) for a in vals for b in (0, 1, 3, 7, 9, 33, 63, -1)]
+    _check_parity(op, dt, rows)
+  _check_parity(TernaryOps.WHERE, dt, [(c, a, b) for c in (False, True) for a in vals[:4] for b in vals[-3:]])
+
+def test_storage_dtypes_roundtrip(dev):
+  for dt in SCALARS:
+    vals = np.resize(np.array(_values(dt)), 4)
+    arr = vals.astype(np_dtype(dt)) if dt != dtypes.bfloat16 else np.arange(4, dtype=np.uint16)
+    np.testing.assert_array_equal(Buffer("PYTHON", 4, dt).copyin(arr).numpy(), arr)
+
+# ***** end to end: the catalogue through the standard protocol, on PYTHON emulating each GPU dialect *****
+
+def _catalogue():
+  try:
+    from catalogue import catalogue
+  except ImportError: return []
+  return catalogue("small")
+
+def _program(dev, case, use_tc=None):
+  from kernopt.errors import UnsupportedError
+  from kernopt.helpers import config_override
+  from kernopt.kernel import Kernel
+  knobs = {} if use_tc is None else {"USE_TC": use_tc}
+  try:
+    with config_override(**knobs):
+      k = Kernel(case.ast, opts=dev.renderer).required_optimizations()
+      if not k.apply_tensor_cores(): k.hand_coded_optimizations()
+      return k, k.to_program()
+  except UnsupportedError as e: pytest.skip(f"codegen does not support this yet: {e}")
+
+def _run_and_check(dev, case, prg):
+  from catalogue import bf16_to_f32
+  runner = dev.compile(prg)
+  inputs = case.inputs(np.random.default_rng(7))
+  for var_vals in case.var_vals:
+    bufs = {s.idx: Buffer(dev.name, s.numel, s.dtype) for s in case.buffers}
+    for idx, arr in inputs.items(): bufs[idx].copyin(arr)
+    runner(*[bufs[a.idx] for a in prg.args], var_vals=var_vals)
+    want = case.reference(inputs, var_vals)
+    for spec in case.outputs:
+      w = np.asarray(want[spec.idx]).reshape(-1)
+      got = bufs[spec.idx].numpy()[:w.size]
+      if spec.dtype == dtypes.bfloat16: got, w = bf16_to_f32(got), bf16_to_f32(w)
+      if case.tol == 0 or not dtypes.is_float(spec.dtype): np.testing.assert_array_equal(got, w.astype(got.dtype))
+      else:
+        scale = max(1.0, float(np.nanmax(np.abs(w.astype(np.float64)), initial=0.0)))
+        np.testing.assert_allclose(got.astype(np.float64), w.astype(np.float64), rtol=case.tol, atol=case.tol * scale)
+
+@pytest.mark.parametrize("emulate", [None, "CUDA", "METAL", "AMD"], ids=str)
+@pytest.mark.parametrize("case", _catalogue(), ids=lambda c: c.name)
+def test_catalogue_on_emulated_dialects(case, emulate):
+  dev = Device.open("PYTHON", emulate=emulate)
+  _, prg = _program(dev, case)
+  _run_and_check(dev, case, prg)
+
+@pytest.mark.parametrize("name,emulate", [("matmul_half", "CUDA"), ("matmul_bf16", "CUDA"), ("matmul_half", "METAL"),
+                                          ("matmul_64", "METAL"), ("matmul_half", "AMD")])
+def test_tensor_core_shapes_without_wmma(name, emulate):
+  """USE_TC=2: the tensor core's axis permutations without the WMMA instruction must still compute the matmul."""
+  cases = {c.name: c for c in _catalogue()}
+  if name not in cases: pytest.skip("no catalogue")
+  dev = Device.open("PYTHON", emulate=emulate)
+  k, prg = _program(dev, cases[name], use_tc=2)
+  assert any(o.op.name == "TC" for o in k.applied_opts), k.applied_opts
+  _run_and_check(dev, cases[name], prg)
