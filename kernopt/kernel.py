@@ -443,6 +443,13 @@ class Kernel:
     getattr(self, f"_opt_{opt.op.name.lower()}")(opt, axis, amt, need)
     if self.simplify_ones() and self.tensor_core_opts is not None:
       self.tensor_core_opts = self.tensor_core_opts.fix_axes(axis)
+    need(self.tensor_core is None or self._tc_layout_intact(), "it would break the tensor core's warp or fragment axes")
+
+  def _tc_layout_intact(self) -> bool:
+    """The warp axes still start at the first local axis and the fragment axes at the first upcasted one."""
+    layout, gd, tcd = _TC_LAYOUTS.get(self.opts.device), self.global_dims, self.shape_len - self.upcasted
+    return layout is not None and self.full_shape[gd:gd + len(layout.warp)] == layout.warp and \
+           self.full_shape[tcd:tcd + len(layout.tcd)] == layout.tcd
 
   def _check_shared_memory(self, opt: Opt, amt: int) -> None:
     if self.reduceop is None: return

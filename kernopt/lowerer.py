@@ -17,6 +17,7 @@ from kernopt.uops import UOp, UOps
 # loops | upcasted (expanded into lanes: one UOp per combination of their indices).
 
 I32 = dtypes.int32
+MAX_ACCS = 32   # independent accumulators of one reduce, at most (CPU registers)
 
 def _const(v: int) -> UOp: return UOp.const(I32, v)
 def _alu(op: Any, dt: Optional[DType], *src: UOp) -> UOp: return UOp(UOps.ALU, dt, src, op)
@@ -37,7 +38,8 @@ RENDER_OPS: dict[type, Any] = {
   MulNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.MUL, I32, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
   DivNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.IDIV, I32, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
   ModNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.MOD, I32, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
-  LtNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.CMPLT, dtypes.bool, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
+  LtNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.CMPLT, dtypes.bool, n.a.render(ops, ctx),
+                                           _operand(n.b, ops, ctx))),
   SumNode: _cached(lambda n, ops, ctx: functools.reduce(lambda a, b: _alu(BinaryOps.ADD, I32, a, b),
                                                         [x.render(ops, ctx) for x in n.nodes])),
   AndNode: _cached(lambda n, ops, ctx: functools.reduce(lambda a, b: _alu(BinaryOps.AND, dtypes.bool, a, b),
@@ -94,7 +96,8 @@ class _Lowerer:
       raise UnsupportedError("lowering image buffers is not implemented")
     sts: list[ShapeTracker] = [x.arg.st for x in bufops]
     self.shape_len = n = len(sts[0].shape)
-    if any(len(st.shape) != n for st in sts): raise VerifyError(f"buffers have different ranks: {[st.shape for st in sts]}")
+    if any(len(st.shape) != n for st in sts):
+      raise VerifyError(f"buffers have different ranks: {[st.shape for st in sts]}")
     self.full_shape = tuple(next((st.shape[i] for st in sts if st.shape[i] != 1), 1) for i in range(n))
     out_shape = ast.src[0].arg.st.shape
     self.first_upcast = fu = n - self.info.upcasted
@@ -176,7 +179,9 @@ class _Lowerer:
   def per_lane(self, node: Node, is_bool: bool = False) -> list[UOp]:
     """The UOp of node for each lane (upcast variables replaced by the lane's indices)."""
     vs = [j for v, j in self.up_vars.items() if v in node.vars()]
-    fix = (lambda u: _as_bool(u) if u.op is not UOps.CONST else UOp.const(dtypes.bool, u.arg)) if is_bool else (lambda u: u)
+    def fix(u: UOp) -> UOp:
+      if not is_bool: return u
+      return _as_bool(u) if u.op is not UOps.CONST else UOp.const(dtypes.bool, u.arg)
     if not vs: return [fix(self.render(node))] * len(self.lanes)
     if not is_bool and (lin := _linear(node, self.up_vars)) is not None:
       base, strides = lin
@@ -287,8 +292,8 @@ class _Lowerer:
     idx, valid = mb.st.expr_idxs(self.idxs)
     idxs, valids = self.per_lane(idx), self.per_lane(valid, True)
     if self.group:  # only the first thread of each group writes the combined result
-      gate = functools.reduce(lambda a, b: _alu(BinaryOps.AND, dtypes.bool, a, b),
-                              [_alu(BinaryOps.CMPLT, dtypes.bool, self.render(self.idxs[a]), _const(1)) for a in self.group])
+      firsts = [_alu(BinaryOps.CMPLT, dtypes.bool, self.render(self.idxs[a]), _const(1)) for a in self.group]
+      gate = functools.reduce(lambda a, b: _alu(BinaryOps.AND, dtypes.bool, a, b), firsts)
       valids = [gate if v.op is UOps.CONST and v.arg else _alu(BinaryOps.AND, dtypes.bool, v, gate) for v in valids]
     def one(i: UOp, val: UOp, v: UOp) -> Optional[UOp]:
       if v.op is UOps.CONST: return UOp(UOps.STORE, None, (buf, i, val)) if v.arg else None
@@ -321,12 +326,14 @@ class _Lowerer:
       if key not in done:
         if not loops: done[key] = combine(key)
         else:
-          # one independent accumulator per (output lane, unrolled lane), combined after the loop
+          # independent accumulators, one per (output lane, unrolled lane) up to MAX_ACCS per reduce: they break
+          # the loop-carried dependency chain; the partial results are combined after the loop
+          per = max(1, min(len(key), MAX_ACCS // len(by_out)))
           phis = []
-          for s in key:
+          for c in range(per):
             acc = UOp(UOps.DEFINE_ACC, dt, loops, (init, self.acc_n))
             self.acc_n += 1
-            phis.append(UOp(UOps.PHI, dt, (acc, _alu(op, dt, acc, s))))
+            phis.append(UOp(UOps.PHI, dt, (acc, _alu(op, dt, acc, combine(key[c::per])))))
           done[key] = combine(phis)
       for m in members: out[m] = done[key]
     return out

@@ -36,6 +36,9 @@ class UPat:
     return self.commutative and len(u.src) == 2 and _match_all(self.src, (u.src[1], u.src[0]), caps)
 
 def _match_all(pats: tuple[UPat, ...], srcs: tuple[UOp, ...], caps: dict[str, UOp]) -> bool:
+  for p, s in zip(pats, srcs):  # cheap rejection on ops and args before copying the captures
+    if p.op is not None and (s.op is not p.op if isinstance(p.op, UOps) else s.op not in p.op): return False
+    if p.arg is not None and s.arg != p.arg: return False
   trial = dict(caps)
   if all(p.match(s, trial) for p, s in zip(pats, srcs)):
     caps.update(trial)
@@ -203,7 +206,8 @@ def _split_multiple(s: UOp, c: int) -> Optional[tuple[UOp, UOp]]:
   if s.op is UOps.CONST and s.arg % c == 0 and s.arg >= 0: return _c(s, s.arg // c), _c(s, 0)
   if s.op is UOps.ALU and s.arg is BinaryOps.ADD:
     for i in (0, 1):
-      if (qr := _split_multiple(s.src[i], c)) is not None and vmin(s.src[1 - i]) is not None and vmin(s.src[1 - i]) >= 0:
+      lo = vmin(s.src[1 - i])
+      if lo is not None and lo >= 0 and (qr := _split_multiple(s.src[i], c)) is not None:
         return qr[0], s.src[1 - i] if qr[1].op is UOps.CONST and qr[1].arg == 0 else _add(qr[1], s.src[1 - i])
   return None
 
@@ -215,8 +219,10 @@ def mod_split(x: UOp, s: UOp, c: UOp) -> Optional[UOp]:
   if c.arg <= 0 or (qr := _split_multiple(s, c.arg)) is None: return None
   return UOp(UOps.ALU, x.dtype, (qr[1], c), BinaryOps.MOD)
 
-def add_consts(x: UOp, c1: UOp, c2: UOp) -> UOp: return _add(x, _c(x, exec_alu(BinaryOps.ADD, x.dtype, (c1.arg, c2.arg))))
-def mul_consts(x: UOp, c1: UOp, c2: UOp) -> UOp: return _mul(x, _c(x, exec_alu(BinaryOps.MUL, x.dtype, (c1.arg, c2.arg))))
+def add_consts(x: UOp, c1: UOp, c2: UOp) -> UOp:
+  return _add(x, _c(x, exec_alu(BinaryOps.ADD, x.dtype, (c1.arg, c2.arg))))  # type: ignore[arg-type]
+def mul_consts(x: UOp, c1: UOp, c2: UOp) -> UOp:
+  return _mul(x, _c(x, exec_alu(BinaryOps.MUL, x.dtype, (c1.arg, c2.arg))))  # type: ignore[arg-type]
 
 def load_valid(ld: UOp, buf: UOp, idx: UOp, v: UOp, alt: UOp) -> UOp:
   if v.arg: return UOp(UOps.LOAD, ld.dtype, (buf, idx.src[1] if _is_where_guard(idx, v) else idx))

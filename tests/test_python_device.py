@@ -117,6 +117,42 @@ def test_missing_barrier_is_a_race(dev):
     launch(dev, "group_reduce_nobarrier", _group_reduce(False), (3,), (16,), [np.zeros(3, np.float32), av],
            [f32, f32], {0: 3, 1: 192})
 
+def test_barrier_in_divergent_code(dev):
+  p = Prog()
+  out = p.buf(0, f32, True)
+  lid = p.special("lidx0", 4)
+  tmp = p(UOps.DEFINE_LOCAL, f32, (), ("temp", 4))
+  iff = p(UOps.IF, None, (p.alu(BinaryOps.CMPLT, lid, p.const(2)),))
+  st = p(UOps.STORE, None, (tmp, lid, p.const(1.0, f32)))
+  p(UOps.BARRIER, None, (st,))
+  p(UOps.STORE, None, (out, lid, p.const(2.0, f32)))
+  p(UOps.ENDIF, None, (iff,))
+  with pytest.raises(EmulationError, match="divergent: BARRIER reached by only some threads of workgroup 0"):
+    launch(dev, "divergent", p, (1,), (4,), [np.zeros(4, np.float32)], [f32], {0: 4})
+
+def test_use_before_definition_is_a_compile_error(dev):
+  from kernopt.errors import CompileError
+  p = Prog()
+  out, g = p.buf(0, f32, True), p.special("gidx0", 2)
+  st = UOp(UOps.STORE, None, (out, g, p.const(1.0, f32)))
+  p.uops.insert(0, st)
+  with pytest.raises(CompileError, match="STORE at 0 uses a DEFINE_GLOBAL"):
+    dev.compile(make_program("early", p.uops, (2,), None, {0: 2}))
+
+def test_renderer_profiles():
+  from kernopt.errors import UnsupportedError
+  from kernopt.renderers import get_renderer
+  for name in ("CUDA", "METAL", "AMD"):
+    r, ref = Device.open("PYTHON", emulate=name).renderer, get_renderer(name)
+    assert (r.device, r.tensor_cores, r.local_max, r.shared_max) == (ref.device, ref.tensor_cores, ref.local_max,
+                                                                     ref.shared_max)
+  r = Device.open("PYTHON").renderer
+  assert (r.device, r.has_local, r.supports_images, r.tensor_cores) == ("PYTHON", True, True, ())
+  p = Prog()
+  p(UOps.STORE, None, (p.buf(0, f32, True), p.special("gidx0", 2), p.const(1.0, f32)))
+  assert "STORE" in r.render("k", p.uops) and "gidx0" in r.render("k", p.uops)
+  with pytest.raises(UnsupportedError): Device.open("PYTHON", emulate="VULKAN")
+
 def test_vector_load_store_gep_vectorize(dev):
   p = Prog()
   f4 = f32.vec(4)

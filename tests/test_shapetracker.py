@@ -11,7 +11,8 @@ from kernopt.shape.shapetracker import ShapeTracker
 from kernopt.shape.view import View
 
 MAX_ELEMENTS = 3000
-SETTINGS = settings(max_examples=2000, derandomize=True, deadline=None, database=None,
+CHAINS_PER_EXAMPLE = 5  # hypothesis costs ~3 ms an example, more than a chain; so each example checks several
+SETTINGS = settings(max_examples=2000 // CHAINS_PER_EXAMPLE, derandomize=True, deadline=None, database=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 # ***** a numpy evaluator for index expressions: each idx{i} is an open grid along axis i *****
@@ -122,43 +123,55 @@ def check_against_numpy(st: ShapeTracker, arr: np.ndarray, buffer_size: int) -> 
   assert want <= real <= buffer_size
   if len(st.simplify().views) == 1: assert real == want
 
+def chains(seed: int):
+  for k in range(CHAINS_PER_EXAMPLE): yield random_chain(seeded_draw(seed * CHAINS_PER_EXAMPLE + k))
+
 def test_movement_chains_match_numpy():
   seen = []
   @SETTINGS
   @given(hst.integers(0, 2**32 - 1))
   def check(seed):
-    st, arr, ops = random_chain(seeded_draw(seed))
-    for t in (st, st.simplify()): check_against_numpy(t, arr, BUF[0])
-    seen.append(len(ops))
+    for st, arr, ops in chains(seed):
+      for t in (st, st.simplify()): check_against_numpy(t, arr, BUF[0])
+      seen.append(len(ops))
   check()
   assert len(seen) >= 2000
 
+def check_strides_and_masks(st: ShapeTracker, arr: np.ndarray) -> bool:
+  """real_strides, unit_stride_axes and axis_is_masked against the index map; returns whether axis_is_masked
+  over-reported (allowed only for trackers of several views, where validity is not always decidable)."""
+  if arr.size == 0: return False
+  valid, exact, over = arr != -1, len(st.simplify().views) == 1, False
+  masked = [st.axis_is_masked(i) for i in range(arr.ndim)]
+  for i in range(arr.ndim):
+    depends = not np.array_equal(valid, np.broadcast_to(np.take(valid, [0], axis=i), valid.shape))
+    assert masked[i] or not depends, f"axis {i}: validity depends on it but axis_is_masked is False for {st}"
+    assert masked[i] == depends or not exact, f"axis {i}: axis_is_masked is True for {st}"
+    over |= masked[i] and not depends
+  for ignore_valid in (False, True):
+    strides = st.real_strides(ignore_valid)
+    assert len(strides) == arr.ndim
+    assert st.unit_stride_axes(ignore_valid) == [i for i, s in enumerate(strides) if s == 1]
+    for i, s in enumerate(strides):
+      if s is None: continue
+      assert ignore_valid or not masked[i], f"axis {i} is masked but has stride {s} in {st}"
+      lo, hi = np.take(arr, range(0, arr.shape[i] - 1), axis=i), np.take(arr, range(1, arr.shape[i]), axis=i)
+      both = (lo != -1) & (hi != -1)
+      assert np.all((hi - lo)[both] == s), f"axis {i}: stride {s} is wrong for {st}"
+  return over
+
 def test_real_strides_and_masks_brute_force():
-  seen = []
+  seen, over = [], []
   @SETTINGS
   @given(hst.integers(0, 2**32 - 1))
   def check(seed):
-    st, arr, _ = random_chain(seeded_draw(seed))
-    seen.append(1)
-    if arr.size == 0: return
-    valid = arr != -1
-    masked = [st.axis_is_masked(i) for i in range(arr.ndim)]
-    for i in range(arr.ndim):
-      depends = not np.array_equal(valid, np.broadcast_to(np.take(valid, [0], axis=i), valid.shape))
-      assert masked[i] == depends, f"axis {i}: axis_is_masked says {masked[i]} for {st}"
-    for ignore_valid in (False, True):
-      strides = st.real_strides(ignore_valid)
-      assert len(strides) == arr.ndim
-      assert st.unit_stride_axes(ignore_valid) == [i for i, s in enumerate(strides) if s == 1]
-      for i, s in enumerate(strides):
-        if s is None: continue
-        assert ignore_valid or not masked[i], f"axis {i} masked but has stride {s} in {st}"
-        lo = np.take(arr, range(0, arr.shape[i] - 1), axis=i)
-        hi = np.take(arr, range(1, arr.shape[i]), axis=i)
-        both = (lo != -1) & (hi != -1)
-        assert np.all((hi - lo)[both] == s), f"axis {i}: stride {s} is wrong for {st}"
+    for st, arr, _ in chains(seed):
+      over.append(check_strides_and_masks(st, arr))
+      seen.append(len(st.views))
   check()
   assert len(seen) >= 2000
+  # the symbolic layer cannot always see that a mask of an inner view never matters; keep that rare
+  assert sum(over) <= len(seen) // 200
 
 # ***** unit tests *****
 
@@ -178,7 +191,7 @@ def test_each_op_matches_numpy():
   arr = np.arange(24).reshape(2, 3, 4)
   st = ShapeTracker.from_shape((2, 3, 4))
   for kind, arg in [("permute", (2, 0, 1)), ("pad", ((1, 0), (0, 2), (1, 1))), ("shrink", ((0, 4), (1, 3), (0, 4))),
-                    ("stride", (-1, 2, 1)), ("reshape", (4, 1, 8)), ("expand", (4, 3, 8))]:
+                    ("stride", (-1, 2, 1)), ("reshape", (2, 8, 1)), ("expand", (2, 8, 3))]:
     st, arr = getattr(st, kind)(arg), apply_numpy(arr, kind, arg)
     assert np.array_equal(idx_map(st), arr), kind
 
@@ -197,10 +210,13 @@ def test_simplify_merges_views():
   st2 = ShapeTracker((View.create((4, 6)), View.create((2, 2, 6)))).permute((1, 0, 2))
   assert len(st2.views) == 2 and st2.simplify() == st
   padded = ShapeTracker((View.create((4,)).pad(((1, 1),)), View.create((3, 2))))
-  assert padded.simplify().views == (View.create((3, 2), (2, 1), -1, ((0, 3), (0, 2))).shrink(((0, 3), (0, 2))),) or \
-    np.array_equal(idx_map(padded.simplify()), idx_map(padded))
   assert np.array_equal(idx_map(padded), [[-1, 0], [1, 2], [3, -1]])
-  assert len(padded.simplify().views) == 2  # a pad split across rows is not one box
+  assert padded.simplify() == padded  # the valid part is not a box of (3, 2)
+  rows = ShapeTracker((View.create((4,)).pad(((2, 2),)), View.create((4, 2))))
+  assert rows.simplify().views == (View.create((4, 2), (2, 1), -2, ((1, 3), (0, 2))),)
+  three = ShapeTracker.from_shape((2, 3)).permute((1, 0)).reshape((6,)).reshape((2, 3)).permute((1, 0))
+  assert three.simplify().views == three.views and len(three.views) == 2
+  assert np.array_equal(idx_map(three), np.arange(6).reshape(2, 3).T.reshape(2, 3).T)
 
 def test_add_composes_trackers():
   a = ShapeTracker.from_shape((4, 6)).permute((1, 0))

@@ -44,7 +44,7 @@ class Compiled:
   # -- shared --
   def compile(self, program: Program) -> CompiledRunner:
     """A runner for program, compiled once per (source, compiler) in this process; devices also cache on disk."""
-    key = (program.src, program.name)
+    key = (program.src, program.name, program.global_size, program.local_size)
     if (runner := self._runners.get(key)) is None:
       runner = self._runners[key] = CompiledRunner(self, program, self._compile(program))
     return runner

@@ -313,9 +313,10 @@ class _Builder:
         if not stack or opener != stack[-1]: raise CompileError(f"{name}: {u.op.name} at {i} closes nothing open")
         self.ends[stack.pop()] = i
     if stack: raise CompileError(f"{name}: {uops[stack[-1]].op.name} at {stack[-1]} is never closed")
-    for u in uops:
+    for i, u in enumerate(uops):
       for s in u.src:
-        if s not in self.slot: raise CompileError(f"{name}: {u.op.name} uses a {s.op.name} that is not in the list")
+        if self.slot.get(s, i) >= i and not (u.op is UOps.DEFINE_ACC and s in self.slot):  # ACC names later RANGEs
+          raise CompileError(f"{name}: {u.op.name} at {i} uses a {s.op.name} that is not in the list before it")
     self.steps: list[Step] = [self.build(i, u) for i, u in enumerate(uops)]
 
   def build(self, i: int, u: UOp) -> Step:
@@ -326,7 +327,13 @@ class _Builder:
   # -- definitions --
   def _sink(self, i: int, u: UOp, s: list[int]) -> Step: return lambda st: None
   def _barrier(self, i: int, u: UOp, s: list[int]) -> Step:
-    def step(st: _State) -> None: st.epoch += 1
+    def step(st: _State) -> None:
+      if st.mask is not None:
+        m = st.mask.reshape(st.G, st.L)
+        if not (m.all(1) | ~m.any(1)).all():
+          g = int(np.flatnonzero(m.any(1) & ~m.all(1))[0])
+          raise EmulationError(f"{self.name}: BARRIER reached by only some threads of workgroup {g}")
+      st.epoch += 1
     return step
 
   def _define_global(self, i: int, u: UOp, s: list[int]) -> Step:
