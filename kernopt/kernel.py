@@ -15,7 +15,7 @@ from kernopt.errors import KernelOptError, ShapeError, UnsupportedError, VerifyE
 from kernopt.helpers import all_int, all_same, ansilen, ansistrip, colored, dedup, get_contraction, getconfig, prod, \
                             round_up, to_function_name
 from kernopt.ops import BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps
-from kernopt.renderers import Renderer, TensorCore
+from kernopt.renderers import Renderer, TensorCore, get_renderer
 from kernopt.shape.shapetracker import ShapeTracker
 from kernopt.shape.symbolic import sint
 
@@ -177,10 +177,7 @@ class Kernel:
     if len(ast) == 1 and ast[0].op is MetaOps.KERNEL: self.ast: LazyOp = ast[0]
     elif all(x.op is BufferOps.STORE for x in ast): self.ast = LazyOp(MetaOps.KERNEL, tuple(ast))
     else: raise VerifyError(f"Kernel takes one KERNEL op or only STOREs, got {[x.op for x in ast]}")
-    if opts is None:
-      from kernopt.renderers import get_renderer
-      opts = get_renderer(getconfig().DEVICE or "CPU")
-    self.opts: Renderer = opts
+    self.opts: Renderer = opts if opts is not None else get_renderer(getconfig().DEVICE or "CPU")
     if (verify := getattr(ops, "verify_lazyop", None)) is not None:
       try: verify(self.ast)
       except AssertionError as e: raise VerifyError(f"invalid AST: {e}") from e

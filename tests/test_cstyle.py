@@ -235,7 +235,7 @@ def test_reduce_with_acc_and_guarded_load():
   c = lambda v: b.const(dtypes.int32, v)  # noqa: E731
   i = b(UOps.RANGE, dtypes.int32, (c(0), c(8)), (0, False))
   j = b(UOps.RANGE, dtypes.int32, (c(0), c(4)), (1, True))
-  acc = b(UOps.DEFINE_ACC, dtypes.float32, (j,), 0.0)
+  acc = b(UOps.DEFINE_ACC, dtypes.float32, (j,), (0.0, 0))
   b.uops.remove(j)
   b.uops.insert(b.uops.index(acc) + 1, j)  # the accumulator is declared before its loop opens
   idx = b.alu(BinaryOps.ADD, i, j)

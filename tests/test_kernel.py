@@ -20,14 +20,17 @@ N_SYM = Variable("n", 1, 1024)
 # ***** the ASTs (sizes chosen so that each heuristic branch fires) *****
 
 def ew_add(n=1024, m=1024): return kernel(store(alu(BinaryOps.ADD, buf(1, (n, m)), buf(2, (n, m)))))
-def bcast_add(): return kernel(store(alu(BinaryOps.ADD, buf(1, (1024, 1024)), buf(2, (1024, 1024), st=view((1024, 1024), (0, 1))))))
+def bcast_add():
+  b = buf(2, (1024, 1024), st=view((1024, 1024), (0, 1)))  # a row vector broadcast down the rows
+  return kernel(store(alu(BinaryOps.ADD, buf(1, (1024, 1024)), b)))
 def sum_axis(axis, shape=(64, 128, 256), op=ReduceOps.SUM): return kernel(store(reduce(op, buf(1, shape), (axis,))))
 def sum_all(): return kernel(store(reduce(ReduceOps.SUM, buf(1, (1024, 1024)), (0, 1))))
 def matmul(N, M, K, dt=dtypes.float):
   """out[i, j] = sum_k a[i, k] * b[k, j] over the full shape (N, M, K); with a half dtype, cast to float first."""
   a, b = buf(1, (N, M, K), dt, st=view((N, M, K), (K, 0, 1))), buf(2, (N, M, K), dt, st=view((N, M, K), (0, 1, M)))
   mul = alu(BinaryOps.MUL, a, b)
-  return kernel(store(reduce(ReduceOps.SUM, mul if dt == dtypes.float else LazyOp(UnaryOps.CAST, (mul,), dtypes.float), (2,))))
+  src = mul if dt == dtypes.float else LazyOp(UnaryOps.CAST, (mul,), dtypes.float)
+  return kernel(store(reduce(ReduceOps.SUM, src, (2,))))
 def matvec(N=4096, K=4096):
   a, x = buf(1, (N, K), st=view((N, K), (K, 1))), buf(2, (N, K), st=view((N, K), (0, 1)))
   return kernel(store(reduce(ReduceOps.SUM, alu(BinaryOps.MUL, a, x), (1,))))
@@ -36,7 +39,8 @@ def padded_add():
   x = buf(1, (4, 4096), st=ShapeTracker.from_shape((2, 4096)).pad(((1, 1), (0, 0))))
   return kernel(store(alu(BinaryOps.ADD, x, buf(2, (4, 4096)))))
 def image_in_sum():
-  return kernel(store(reduce(ReduceOps.SUM, buf(1, (64, 256), dtypes.imagef((64, 64, 4))), (1,)), 0, dtype=dtypes.float))
+  x = buf(1, (64, 256), dtypes.imagef((64, 64, 4)))
+  return kernel(store(reduce(ReduceOps.SUM, x, (1,)), 0, dtype=dtypes.float))
 def image_out_add():
   shp = (64, 64, 4)
   return kernel(store(alu(BinaryOps.ADD, buf(1, shp), buf(2, shp)), 0, dtype=dtypes.imagef(shp)))
@@ -94,16 +98,16 @@ EXPECTED = [
   # then axis 0; unroll 1024 % 4; locals: both axes expand, axis 1 first gets 16, axis 0 then 8
   ("matmul_1024", lambda: matmul(1024, 1024, 1024), CPU_ONLY, [(U, 1, 4), (U, 0, 4), (UN, 0, 4)],
    "r_256_256_256_4_4_4", "bbryym"),
-  ("matmul_1024", lambda: matmul(1024, 1024, 1024), GPU_NO_METAL, [(U, 1, 4), (U, 0, 4), (UN, 0, 4), (L, 0, 8), (L, 1, 16)],
-   "r_32_16_8_16_256_4_4_4", "bbccryym"),
+  ("matmul_1024", lambda: matmul(1024, 1024, 1024), GPU_NO_METAL,
+   [(U, 1, 4), (U, 0, 4), (UN, 0, 4), (L, 0, 8), (L, 1, 16)], "r_32_16_8_16_256_4_4_4", "bbccryym"),
   ("matmul_512", lambda: matmul(512, 512, 512), CPU_ONLY, [(U, 1, 4), (U, 0, 4), (UN, 0, 4)], "r_128_128_128_4_4_4",
    "bbryym"),
-  ("matmul_512", lambda: matmul(512, 512, 512), GPU_NO_METAL, [(U, 1, 4), (U, 0, 4), (UN, 0, 4), (L, 0, 8), (L, 1, 16)],
-   "r_16_8_8_16_128_4_4_4", "bbccryym"),
+  ("matmul_512", lambda: matmul(512, 512, 512), GPU_NO_METAL,
+   [(U, 1, 4), (U, 0, 4), (UN, 0, 4), (L, 0, 8), (L, 1, 16)], "r_16_8_8_16_128_4_4_4", "bbccryym"),
   # 64: after UPCAST 1 4 the output is 64*16 = 1024 >= 1024 so axis 0 is upcast too; LOCAL 1 16 takes all of axis 1
   ("matmul_64", lambda: matmul(64, 64, 64), CPU_ONLY, [(U, 1, 4), (U, 0, 4), (UN, 0, 4)], "r_16_16_16_4_4_4", "bbryym"),
-  ("matmul_64", lambda: matmul(64, 64, 64), GPU_NO_METAL, [(U, 1, 4), (U, 0, 4), (UN, 0, 4), (L, 0, 8), (L, 1, 16)],
-   "r_2_8_16_16_4_4_4", "bccryym"),
+  ("matmul_64", lambda: matmul(64, 64, 64), GPU_NO_METAL,
+   [(U, 1, 4), (U, 0, 4), (UN, 0, 4), (L, 0, 8), (L, 1, 16)], "r_2_8_16_16_4_4_4", "bccryym"),
   # 100x37x53: only axis 0 (100 % 4) upcasts, then 25*37 < 1024 stops; 53 is neither <= 32 nor % 4; no local size
   # divides 25 or 37; METAL's float tensor core would need padding (TC_OPT 0 refuses)
   ("matmul_odd", lambda: matmul(100, 37, 53), CPU_ONLY + GPU_ALL, [(U, 0, 4)], "r_25_37_53_4", "bbry"),
@@ -135,7 +139,8 @@ EXPECTED = [
   ("image_out", image_out_add, ("OPENCL",), [(U, 2, 4), (L, 0, 8), (L, 1, 16)], "E_8_4_8_16_4", "bbccy"),
 ]
 
-@pytest.mark.parametrize("case,build,dialects,opts,name,colors", EXPECTED, ids=[f"{e[0]}-{'/'.join(e[2])}" for e in EXPECTED])
+@pytest.mark.parametrize("case,build,dialects,opts,name,colors", EXPECTED,
+                         ids=[f"{e[0]}-{'/'.join(e[2])}" for e in EXPECTED])
 def test_protocol(case, build, dialects, opts, name, colors):
   for d in dialects:
     check(protocol(build(), d), opts, name, colors)
@@ -214,7 +219,8 @@ def test_malformed_asts_raise_verify_error(args):
 def test_nested_reduce_is_unsupported():
   inner = reduce(ReduceOps.SUM, buf(1, (16, 32)), (1,))
   with pytest.raises(UnsupportedError):
-    Kernel(kernel(store(reduce(ReduceOps.MAX, alu(BinaryOps.ADD, inner, buf(2, (16, 1))), (0,)))), opts=get_renderer("CPU"))
+    Kernel(kernel(store(reduce(ReduceOps.MAX, alu(BinaryOps.ADD, inner, buf(2, (16, 1))), (0,)))),
+           opts=get_renderer("CPU"))
 
 def test_permute_reduce_axes_last_and_bufs_order():
   k = Kernel(sum_axis(1), opts=get_renderer("CPU"))
@@ -277,3 +283,31 @@ def test_optimized_ast_grouptop_full_reduce():
 def test_optimized_ast_marks_nolocals():
   with config_override(NOLOCALS=1):
     assert protocol(ew_add(), "OPENCL").get_optimized_ast().arg == KernelInfo(0, 1, True)
+
+# ***** linearize and to_program (the lowerer and uopgraph are other modules; these check the Kernel's part) *****
+
+def test_to_program_signature_on_cpu(capsys):
+  k = protocol(ew_add(), "CPU")
+  p = k.to_program()
+  assert p.name == "E_262144_4" and p.device == "CPU" and "E_262144_4" in p.src
+  assert p.global_size is None and p.local_size is None and k.global_size is None
+  assert [(a.idx, a.dtype, a.min_size, a.writable) for a in p.args] == \
+         [(0, dtypes.float, 1 << 20, True), (1, dtypes.float, 1 << 20, False), (2, dtypes.float, 1 << 20, False)]
+  assert p.vars == () and p.uops == tuple(k.uops) and p.op_estimate > 0 and p.mem_estimate > 0
+  assert capsys.readouterr().out == ""  # DEBUG=0 prints nothing
+
+def test_to_program_launch_sizes_from_specials():
+  k = protocol(ew_add(), "OPENCL")  # E_8192_32_4: one global axis of 8192, one local of 32
+  p = k.to_program()
+  assert p.global_size == (8192, 1, 1) and p.local_size == (32, 1, 1)
+  assert k.linearize() is k
+
+def test_to_program_vars_and_knobs(tmp_path):
+  from kernopt.helpers import diskcache_items
+  with config_override(CACHE_DIR=str(tmp_path), RUN_PROCESS_REPLAY=1, GRAPHUOPS=1):
+    p = protocol(sym_add(), "OPENCL").to_program()
+    replays = [v for _, v in diskcache_items("process_replay")]
+  assert [v.expr for v in p.vars] == ["n"]
+  assert len(replays) == 1 and replays[0][3] == p.name and replays[0][4] == p.src and replays[0][1] == "OpenCLRenderer"
+  dots = list(tmp_path.glob("*.dot"))
+  assert len(dots) == 1 and dots[0].read_text().startswith("digraph")

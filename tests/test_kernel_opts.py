@@ -3,9 +3,9 @@ accepted Opts, and a seeded stress run over the whole Opt action space on every 
 import random
 import zlib
 import pytest
-from catalogue import alu, buf, catalogue, kernel, reduce, store
-from test_kernel import G, GT, L, NL, U, UM, UN, image_out_add, matmul, sum_all, sum_axis, sym_add, sym_sum, two_reduces, \
-                        ew_add, bcast_add, matvec, padded_add, image_in_sum, two_outputs
+from catalogue import buf, catalogue, kernel, reduce, store
+from test_kernel import G, GT, L, NL, U, UM, UN, bcast_add, ew_add, image_in_sum, image_out_add, matmul, matvec, \
+                        padded_add, sum_all, sum_axis, sym_add, sym_sum, two_outputs, two_reduces
 from kernopt.dtype import dtypes
 from kernopt.errors import KernelOptError
 from kernopt.helpers import prod
@@ -89,8 +89,8 @@ REFUSALS = [
   ("nolocals-with-axis", ew_add, "OPENCL", [], Opt(NL, 0), "takes no axis"),
   ("merge-not-upcasted", mm64, "CPU", [], Opt(MERGE, 0), "for upcasted"),
   ("merge-last-axis", ew_add, "CPU", [Opt(U, 0, 4)], Opt(MERGE, 1), "two upcasted"),
-  ("merge-reduce", lambda: matmul(1024, 1024, 1024), "CPU", [Opt(U, 1, 4), Opt(UN, 0, 4)], Opt(MERGE, 3), "merge reduce"),
-  ("merge-with-amt", lambda: matmul(1024, 1024, 1024), "CPU", [Opt(U, 1, 4), Opt(U, 0, 4)], Opt(MERGE, 3, 2), "no amount"),
+  ("merge-reduce", mm64, "CPU", [Opt(U, 1, 4), Opt(UN, 0, 4)], Opt(MERGE, 3), "merge reduce"),
+  ("merge-with-amt", mm64, "CPU", [Opt(U, 1, 4), Opt(U, 0, 4)], Opt(MERGE, 3, 2), "no amount"),
   ("padto-symbolic", sym_sum, "CPU", [], Opt(PADTO, 0, 32), "symbolic"),
   ("padto-upcasted", ew_add, "CPU", [Opt(U, 0, 4)], Opt(PADTO, 1, 8), "upcasted"),
   ("padto-max-reduce", lambda: sum_axis(1, (1024, 1000), ReduceOps.MAX), "CPU", [], Opt(PADTO, 1, 1024), "not a SUM"),

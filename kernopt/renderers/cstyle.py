@@ -359,7 +359,7 @@ class _Emitter:
         if lang.barrier: self.line(lang.barrier)
       elif op is UOps.DEFINE_ACC:
         r[u] = v = self.fresh("acc")
-        self.line(f"{lang.render_value_dtype(dt)} {v} = {lang.render_const(u.arg, dt)};")
+        self.line(f"{lang.render_value_dtype(dt)} {v} = {lang.render_const(u.arg[0], dt)};")
       elif op is UOps.PHI:
         self.line(f"{r[src[0]]} = {r[src[1]]};")
         r[u] = r[src[0]]

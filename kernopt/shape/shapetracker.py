@@ -8,12 +8,12 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 from kernopt.errors import ShapeError
 from kernopt.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint
-from kernopt.shape.view import View, merge_views, strides_for_shape, valid_node
+from kernopt.shape.view import View, cache, merge_views, strides_for_shape, valid_node
 
 @functools.lru_cache(maxsize=None)
 def _idx_vars(shape: tuple[sint, ...]) -> tuple[Variable, ...]:
   """The default per-axis index variables: idx{i} in [0, shape[i]-1] (a symbolic size contributes its max)."""
-  return tuple(Variable(f"idx{i}", 0, (s if type(s) is int else s.max) - 1) for i, s in enumerate(shape))  # type: ignore
+  return tuple(Variable(f"idx{i}", 0, _upper(s) - 1) for i, s in enumerate(shape))
 
 @dataclass(frozen=True)
 class ShapeTracker:
@@ -29,6 +29,10 @@ class ShapeTracker:
     h = self.__dict__.get("_hash")
     if h is None: object.__setattr__(self, "_hash", h := hash(self.views))
     return h
+
+  def has_bound(self) -> bool:
+    """Whether any view holds a bound Variable."""
+    return any(v.has_bound() for v in self.views)
 
   @staticmethod
   def from_shape(shape: Sequence[sint]) -> ShapeTracker:
@@ -65,23 +69,26 @@ class ShapeTracker:
   def reshape(self, new_shape: Sequence[sint]) -> ShapeTracker:
     if not isinstance(new_shape, tuple):
       try: new_shape = tuple(new_shape)
-      except TypeError: raise ShapeError(f"reshape: argument {new_shape!r} for shape {self.shape} is not a sequence") from None
+      except TypeError:
+        raise ShapeError(f"reshape: argument {new_shape!r} for shape {self.shape} is not a sequence") from None
     nv = self.views[-1].reshape(new_shape)
     if nv is not None: return ShapeTracker(self.views[:-1] + (nv,))
     return ShapeTracker(self.views + (View.create(new_shape),))
 
-  def permute(self, order: Sequence[int]) -> ShapeTracker: return ShapeTracker(self.views[:-1] + (self.views[-1].permute(order),))
+  def permute(self, order: Sequence[int]) -> ShapeTracker:
+    return ShapeTracker(self.views[:-1] + (self.views[-1].permute(order),))
   def expand(self, new_shape: Sequence[sint]) -> ShapeTracker:
     return ShapeTracker(self.views[:-1] + (self.views[-1].expand(new_shape),))
   def pad(self, arg: Sequence[tuple[sint, sint]]) -> ShapeTracker:
     return ShapeTracker(self.views[:-1] + (self.views[-1].pad(arg),))
   def shrink(self, arg: Sequence[tuple[sint, sint]]) -> ShapeTracker:
     return ShapeTracker(self.views[:-1] + (self.views[-1].shrink(arg),))
-  def stride(self, mul: Sequence[int]) -> ShapeTracker: return ShapeTracker(self.views[:-1] + (self.views[-1].stride(mul),))
+  def stride(self, mul: Sequence[int]) -> ShapeTracker:
+    return ShapeTracker(self.views[:-1] + (self.views[-1].stride(mul),))
 
   # ***** analysis *****
 
-  @functools.lru_cache(maxsize=None)  # noqa: B019
+  @cache
   def simplify(self) -> ShapeTracker:
     """An equivalent tracker with adjacent views merged wherever one View can express them."""
     views = list(self.views)
@@ -103,7 +110,7 @@ class ShapeTracker:
       raise ShapeError(f"expr_idxs: need one int or Node index per axis of shape {self.shape}, got {idxs}")
     return self._expr_idxs(idxs)
 
-  @functools.lru_cache(maxsize=None)  # noqa: B019
+  @cache
   def _expr_idxs(self, idxs: Optional[tuple[Node, ...]]) -> tuple[Node, Node]:
     if any(type(s) is int and s == 0 for s in self.shape): return NumNode(0), NumNode(0)
     idx, conds = self.views[-1].expr_conds(_idx_vars(self.shape) if idxs is None else idxs)
@@ -146,7 +153,7 @@ class ShapeTracker:
       hi += max(_upper(s * b), _upper(s * (e - 1)))
     return min(hi, idx.max) + 1
 
-  @functools.lru_cache(maxsize=None)  # noqa: B019
+  @cache
   def real_strides(self, ignore_valid: bool = False) -> tuple[Optional[sint], ...]:
     """Per axis: the stride s when the buffer index is (other terms) + s*idx_axis, 0 when the axis does not move it,
     None when it moves it in any other way, or (unless ignore_valid) when it takes part in the validity."""
@@ -182,7 +189,7 @@ class ShapeTracker:
       raise ShapeError(f"axis_is_masked: axis {axis!r} is out of range for shape {self.shape}")
     return self._masked_axes()[axis]
 
-  @functools.lru_cache(maxsize=None)  # noqa: B019
+  @cache
   def _masked_axes(self) -> tuple[bool, ...]:
     st = self.simplify()
     if len(st.views) == 1:

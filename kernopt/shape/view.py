@@ -5,7 +5,7 @@ Imports only kernopt.errors, kernopt.helpers and kernopt.shape.symbolic."""
 from __future__ import annotations
 import functools, operator
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 from kernopt.errors import ShapeError
 from kernopt.helpers import prod
 from kernopt.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint, sym_infer
@@ -43,6 +43,33 @@ def _smin(a: sint, b: sint) -> sint:
 
 def _bounds(x: sint) -> tuple[int, int]: return (x, x) if type(x) is int else (x.min, x.max)
 
+# ***** caching: a bound Variable equals its unbound self, so a cache must not serve one for the other *****
+
+def _bound_in(x: Any) -> bool:
+  t = type(x)
+  if t is int or x is None: return False
+  if t is tuple: return any(_bound_in(y) for y in x)
+  if isinstance(x, Node): return any(v.val is not None for v in x.vars())
+  has_bound = getattr(x, "has_bound", None)
+  return bool(has_bound()) if has_bound is not None else False
+
+_CACHES: list[Any] = []
+
+def clear_caches() -> None:
+  """Empty every cache of the shape layer (for cold-start measurements)."""
+  for c in _CACHES: c.cache_clear()
+
+def cache(fn: Callable) -> Callable:
+  """functools.lru_cache for pure functions of Views, shapes and trackers; bypassed when an argument holds a bound
+  Variable."""
+  cached = functools.lru_cache(maxsize=None)(fn)
+  _CACHES.append(cached)
+  @functools.wraps(fn)
+  def wrapper(*args: Any, **kwargs: Any) -> Any:
+    if any(_bound_in(a) for a in args) or any(_bound_in(a) for a in kwargs.values()): return fn(*args, **kwargs)
+    return cached(*args, **kwargs)
+  return wrapper
+
 # ***** argument checking: every public movement op funnels its argument through one of these *****
 
 def _dim(x: Any, op: str, where: Any) -> sint:
@@ -70,7 +97,7 @@ def _as_pairs(arg: Any, op: str, shape: tuple[sint, ...]) -> tuple[tuple[sint, s
 
 # ***** pure functions of shapes *****
 
-@functools.lru_cache(maxsize=None)
+@cache
 def strides_for_shape(shape: tuple[sint, ...]) -> tuple[sint, ...]:
   """C-contiguous strides of shape, with 0 for each size-1 axis."""
   acc: sint = 1
@@ -89,7 +116,7 @@ def un1d(shape: tuple[int, ...], offs: int) -> list[int]:
     offs -= here * st
   return ret
 
-@functools.lru_cache(maxsize=None)
+@cache
 def _merge_dims(shape: tuple[sint, ...], strides: tuple[sint, ...], mask: Optional[Mask]) -> tuple[tuple, ...]:
   """Groups of adjacent axes that act as one: (size, innermost stride, real size). An outer axis joins when its
   stride is size*stride of the group, or when it is zero-strided with one valid position (`pinned`); the real size
@@ -192,6 +219,19 @@ class View:
       mask = None if mask is None else tuple(tuple(m) for m in mask)
     return _create(shape, strides, offset, mask)  # type: ignore
 
+  def __hash__(self) -> int:
+    h = self.__dict__.get("_hash")
+    if h is None: object.__setattr__(self, "_hash", h := hash((self.shape, self.strides, self.offset, self.mask)))
+    return h
+
+  def has_bound(self) -> bool:
+    """Whether any field holds a bound Variable."""
+    b = self.__dict__.get("_has_bound")
+    if b is None:
+      b = _bound_in((self.shape, self.strides, self.offset, self.mask))
+      object.__setattr__(self, "_has_bound", b)
+    return b
+
   def size(self) -> sint: return _canon(prod(self.shape))
 
   def vars(self) -> set[Variable]:
@@ -258,13 +298,13 @@ class View:
     """self (the lower view) seen through vm1 (which indexes self's elements in C order), as one View or None."""
     return merge_views(self, vm1)
 
-  @functools.lru_cache(maxsize=None)  # noqa: B019
+  @cache
   def minify(self) -> View:
     """The same index map over the fewest axes (used when a view is indexed by a flat position)."""
     nv = self._reshape(tuple(g[0] for g in _merge_dims(self.shape, self.strides, self.mask)))
     return nv if nv is not None else self
 
-  @functools.lru_cache(maxsize=None)  # noqa: B019
+  @cache
   def _reshape(self, new_shape: tuple[sint, ...]) -> Optional[View]:
     if self.shape == new_shape: return self
     _check_same_size(self.shape, new_shape)
@@ -277,17 +317,18 @@ class View:
     new_mask = _reshape_mask(self.shape, self.mask, new_shape)
     if new_mask is None: return None
     # both views agree at the first valid element; in between the strides carry them
-    corner = sum(b * st for (b, _), st in zip(self.mask, self.strides)) - sum(b * st for (b, _), st in zip(new_mask, strides))
+    corner = sum(b * st for (b, _), st in zip(self.mask, self.strides))
+    corner -= sum(b * st for (b, _), st in zip(new_mask, strides))
     return View.create(new_shape, tuple(strides), _canon(self.offset + corner), new_mask)
 
-  @functools.lru_cache(maxsize=None)  # noqa: B019
+  @cache
   def _permute(self, axis: tuple) -> View:
     if not all(type(a) is int for a in axis) or sorted(axis) != list(range(len(self.shape))):
       raise ShapeError(f"permute: {axis} is not a permutation of the {len(self.shape)} axes of shape {self.shape}")
     return View.create(tuple(self.shape[a] for a in axis), tuple(self.strides[a] for a in axis), self.offset,
                        tuple(self.mask[a] for a in axis) if self.mask is not None else None)
 
-  @functools.lru_cache(maxsize=None)  # noqa: B019
+  @cache
   def _expand(self, new_shape: tuple[sint, ...]) -> View:
     if len(new_shape) != len(self.shape) or \
        not all(_same(s, ns) or _same(s, 1) for s, ns in zip(self.shape, new_shape)):
@@ -298,13 +339,13 @@ class View:
       if self.mask is not None else None
     return View.create(new_shape, self.strides, self.offset, mask)
 
-  @functools.lru_cache(maxsize=None)  # noqa: B019
+  @cache
   def _pad(self, arg: tuple[tuple[sint, sint], ...]) -> View:
     if all(_same(b, 0) and _same(e, 0) for b, e in arg): return self
     outer = tuple((_canon(-b), _canon(s + e)) for s, (b, e) in zip(self.shape, arg))
     return self._resize(outer, tuple((b, _canon(s + b)) for s, (b, _) in zip(self.shape, arg)))
 
-  @functools.lru_cache(maxsize=None)  # noqa: B019
+  @cache
   def _shrink(self, arg: tuple[tuple[sint, sint], ...]) -> View:
     if not all(_le(b, e) and _le(e, s) for s, (b, e) in zip(self.shape, arg)):
       raise ShapeError(f"shrink: {arg} is outside shape {self.shape} or has begin > end")
@@ -319,7 +360,7 @@ class View:
       mask = moved if mask is None else tuple((_smax(b1, b2), _smin(e1, e2)) for (b1, e1), (b2, e2) in zip(moved, mask))
     return View.create(tuple(_canon(e - b) for b, e in arg), self.strides, offset, mask)
 
-  @functools.lru_cache(maxsize=None)  # noqa: B019
+  @cache
   def _stride(self, mul: tuple) -> View:
     if len(mul) != len(self.shape) or not all(type(m) is int and m != 0 for m in mul):
       raise ShapeError(f"stride: {mul} must be one nonzero int per axis of shape {self.shape}")
@@ -328,7 +369,8 @@ class View:
     mask = None
     if self.mask is not None:
       mask = tuple((_canon(((b if m > 0 else s - e) + abs(m) - 1) // abs(m)),
-                    _canon(((e if m > 0 else s - b) + abs(m) - 1) // abs(m))) for (b, e), s, m in zip(self.mask, self.shape, mul))
+                    _canon(((e if m > 0 else s - b) + abs(m) - 1) // abs(m)))
+                   for (b, e), s, m in zip(self.mask, self.shape, mul))
     return View.create(shape, tuple(st * m for st, m in zip(self.strides, mul)), offset, mask)
 
 # ***** validity *****
@@ -364,7 +406,7 @@ def valid_node(conds: Sequence[tuple[Node, sint, sint]], valid: Optional[Node] =
 
 # ***** construction and merging *****
 
-@functools.lru_cache(maxsize=None)
+@cache
 def _create(shape: tuple[sint, ...], strides: Optional[tuple[sint, ...]], offset: sint, mask: Optional[Mask]) -> View:
   shape = tuple(_dim(s, "View.create", shape) for s in shape)
   if strides is not None and len(strides) != len(shape) or mask is not None and len(mask) != len(shape):
@@ -400,7 +442,7 @@ def _equal_at_bounds(a: sint, b: sint) -> bool:
   else: envs = [{v: v.val if v.val is not None else getattr(v, k) for v in vs} for k in ("min", "max")]
   return all(sym_infer(a, env) == sym_infer(b, env) for env in envs)
 
-@functools.lru_cache(maxsize=None)
+@cache
 def merge_views(vm2: View, vm1: View) -> Optional[View]:
   """One View equal to vm2 indexed through vm1 (vm1's flat positions are vm2's elements in C order), or None."""
   if vm2.contiguous: return vm1
@@ -411,7 +453,8 @@ def merge_views(vm2: View, vm1: View) -> Optional[View]:
     if not all(_is_int(x) for m in vm1.mask for x in m): return None
     merged = merge_views(vm2, vm1._resize(vm1.mask))
     return None if merged is None else merged._pad(tuple((b, _canon(s - e)) for (b, e), s in zip(vm1.mask, vm1.shape)))
-  if not all(_is_int(x) for x in vm2.shape + vm2.strides + vm1.shape + vm1.strides + (vm1.offset, vm2.offset)): return None
+  if not all(_is_int(x) for x in vm2.shape + vm2.strides + vm1.shape + vm1.strides + (vm1.offset, vm2.offset)):
+    return None
   return _merge_ints(vm2, vm1)
 
 def _merge_ints(vm2: View, vm1: View) -> Optional[View]:
