@@ -15,7 +15,7 @@ from kernopt.errors import KernelOptError, ShapeError, UnsupportedError, VerifyE
 from kernopt.helpers import all_int, all_same, ansilen, ansistrip, colored, dedup, get_contraction, getconfig, prod, \
                             round_up, to_function_name
 from kernopt.ops import BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps
-from kernopt.renderers import Renderer, TensorCore, get_renderer
+from kernopt.renderers import BufferArg, Program, Renderer, TensorCore, get_renderer
 from kernopt.shape.shapetracker import ShapeTracker
 from kernopt.shape.symbolic import sint
 
@@ -907,10 +907,9 @@ class Kernel:
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f: f.write("\n".join(lines + ["}"]) + "\n")
 
-  def to_program(self) -> Any:
+  def to_program(self) -> Program:
     """Linearize and render: a renderers.Program carrying the argument signature a runner checks."""
     from kernopt.helpers import diskcache_put
-    from kernopt.renderers import BufferArg, Program
     from kernopt.uops import flops_mem
     self.linearize()
     fname = to_function_name(self.name)

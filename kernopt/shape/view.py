@@ -41,14 +41,15 @@ def _smin(a: sint, b: sint) -> sint:
   if _le(b, a): return b
   raise ShapeError(f"symbolic: cannot decide min({a}, {b})")
 
-def _bounds(x: sint) -> tuple[int, int]: return (x, x) if type(x) is int else (x.min, x.max)
-
 # ***** caching: a bound Variable equals its unbound self, so a cache must not serve one for the other *****
 
 def _bound_in(x: Any) -> bool:
   t = type(x)
+  if t is tuple:
+    for y in x:
+      if type(y) is not int and _bound_in(y): return True
+    return False
   if t is int or x is None: return False
-  if t is tuple: return any(_bound_in(y) for y in x)
   if isinstance(x, Node): return any(v.val is not None for v in x.vars())
   has_bound = getattr(x, "has_bound", None)
   return bool(has_bound()) if has_bound is not None else False
@@ -66,7 +67,7 @@ def cache(fn: Callable) -> Callable:
   _CACHES.append(cached)
   @functools.wraps(fn)
   def wrapper(*args: Any, **kwargs: Any) -> Any:
-    if any(_bound_in(a) for a in args) or any(_bound_in(a) for a in kwargs.values()): return fn(*args, **kwargs)
+    if _bound_in(args) or (kwargs and _bound_in(tuple(kwargs.values()))): return fn(*args, **kwargs)
     return cached(*args, **kwargs)
   return wrapper
 
