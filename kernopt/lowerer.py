@@ -92,8 +92,8 @@ class _Lowerer:
     self.opts = opts
     self.info: KernelInfo = ast.arg if isinstance(ast.arg, KernelInfo) else KernelInfo()
     bufops = [x for x in ast.lazyops if x.op in BufferOps]
-    if any(isinstance(x.arg.dtype, ImageDType) for x in bufops):
-      raise UnsupportedError("lowering image buffers is not implemented")
+    if any(isinstance(x.arg.dtype, ImageDType) for x in bufops) and not getattr(opts, "supports_images", False):
+      raise UnsupportedError(f"{getattr(opts, 'device', opts)} has no images")
     sts: list[ShapeTracker] = [x.arg.st for x in bufops]
     self.shape_len = n = len(sts[0].shape)
     if any(len(st.shape) != n for st in sts):
@@ -121,7 +121,9 @@ class _Lowerer:
       gend = gd if use_locals else fr + len(group)
       if not use_locals and group: raise UnsupportedError("a GROUP reduce needs local memory, but locals are off")
       self._grid("gidx", range(gend), opts.global_max)
-      if use_locals: self._grid("lidx", range(gd, fr + len(group)), opts.local_max)
+      # a warp's lanes are the first local axes, axis 0 fastest: the tensor-core layouts assume it
+      has_wmma = any(x.op is ReduceOps.WMMA for x in ast.lazyops)
+      if use_locals: self._grid("lidx", range(gd, fr + len(group)), opts.local_max, first_fastest=has_wmma)
     else:
       if group: raise UnsupportedError(f"GROUP reduce over axes {group} needs a device with local threads")
       for a in range(fr): self.idxs[a] = self._loop(a, False)
@@ -155,15 +157,15 @@ class _Lowerer:
 
   def render(self, n: Any) -> UOp: return _const(n) if isinstance(n, int) else n.render(RENDER_OPS, self)
 
-  def _grid(self, prefix: str, axes: range, maxes: Optional[Sequence[int]]) -> None:
+  def _grid(self, prefix: str, axes: range, maxes: Optional[Sequence[int]], first_fastest: bool = False) -> None:
     sizes = [self.full_shape[a] for a in axes]
     for d, g in enumerate(fold_dims(sizes, maxes)):
       size = prod(sizes[i] for i in g)
       var = Variable(f"{prefix}{d}", 0, _upper(size) - 1)
       self.var_uops[var.expr] = UOp(UOps.SPECIAL, I32, (), (d, var.expr, size))
-      # the flat index of the group, split back into its axes (last axis fastest)
+      # the flat index of the group, split back into its axes (last axis fastest, or first with first_fastest)
       rest: Node = var
-      for k, i in enumerate(reversed(g)):
+      for k, i in enumerate(g if first_fastest else reversed(g)):
         self.idxs[axes[i]] = rest if k == len(g) - 1 else rest % sizes[i]
         if k != len(g) - 1: rest = rest // sizes[i]
 
@@ -202,15 +204,26 @@ class _Lowerer:
     """(upcast axis j, width) along which this buffer's lanes fold into aligned vector accesses, if any."""
     if not self.opts.supports_float4 or mb.idx < 0 or mb.dtype not in (dtypes.float, dtypes.half) or not self.lanes:
       return None
+    return self._fold_axis(idx, valid, (4, 2))
+
+  def _fold_axis(self, idx: Node, valid: Node, widths: tuple[int, ...]) -> Optional[tuple[int, int]]:
+    """(upcast axis j, width w): idx = base + u_j + (multiples of w) with base a multiple of w, and valid
+    independent of u_j, so w consecutive lanes along j are one aligned access."""
     if (lin := _linear(idx, self.up_vars)) is None: return None
     base, strides = lin
     valid_vars = valid.vars()
     for j in sorted(strides, reverse=True):
       if strides[j] != 1 or any(v in valid_vars for v, k in self.up_vars.items() if k == j): continue
-      for w in (4, 2):
+      for w in widths:
         if self.up_sizes[j] % w == 0 and _divisible(base, w) and all(s % w == 0 for k, s in strides.items() if k != j):
           return j, w
     return None
+
+  def _texels(self, img: ImageDType, idx: Node) -> list[UOp]:
+    """The int2 texel coordinate (x, y) of each lane's element idx of an (H, W, 4) image."""
+    w = img.shape[1]
+    xs, ys = self.per_lane((idx // 4) % w), self.per_lane(idx // (4 * w))
+    return [UOp(UOps.VECTORIZE, I32.vec(2), (x, y)) for x, y in zip(xs, ys)]
 
   def _groups(self, j: int, w: int) -> list[tuple[int, list[int]]]:
     """(first lane, lanes) of each aligned vector along upcast axis j."""
@@ -264,6 +277,7 @@ class _Lowerer:
       return [UOp(UOps.LOAD, dt, (buf, i, barrier)) for i in self.per_lane(idx)]
     buf = self._buf(mb)
     idx, valid = mb.st.expr_idxs(self.idxs)
+    if isinstance(dt, ImageDType): return self._image_load(dt, buf, idx, valid)
     idxs, valids = self.per_lane(idx), self.per_lane(valid, True)
     zero = UOp.const(dt, 0)
     def one(i: UOp, v: UOp, ldt: DType, alt: UOp) -> UOp:
@@ -277,6 +291,48 @@ class _Lowerer:
     for first, members in self._groups(j, w):
       ld = one(idxs[first], valids[first], dt.vec(w), vzero)
       for t, m in enumerate(members): out[m] = UOp(UOps.GEP, dt, (ld,), t)
+    return out
+
+  def _image_load(self, img: ImageDType, buf: UOp, idx: Node, valid: Node) -> list[UOp]:
+    """Each lane's element of a float4 texel: one texel per 4 lanes along a unit-stride upcast axis, else a texel
+    per lane and its component idx % 4 (a GEP when constant, else a WHERE chain)."""
+    texels, valids = self._texels(img, idx), self.per_lane(valid, True)
+    f, f4 = dtypes.float, dtypes.float.vec(4)
+    vzero = UOp(UOps.VECTORIZE, f4, (UOp.const(f, 0.0),) * 4)
+    def fetch(xy: UOp, v: UOp) -> UOp:
+      if v.op is UOps.CONST: return UOp(UOps.LOAD, f4, (buf, xy)) if v.arg else vzero
+      return UOp(UOps.LOAD, f4, (buf, xy, v, vzero))
+    if (vec := self._fold_axis(idx, valid, (4,))) is not None:
+      out: list[UOp] = [vzero] * len(self.lanes)
+      for first, members in self._groups(vec[0], 4):
+        t = fetch(texels[first], valids[first])
+        for k, m in enumerate(members): out[m] = UOp(UOps.GEP, f, (t,), k)
+      return out
+    out = []
+    for xy, v, comp in zip(texels, valids, self.per_lane(idx % 4)):
+      t = fetch(xy, v)
+      if comp.op is UOps.CONST: out.append(UOp(UOps.GEP, f, (t,), comp.arg))
+      else:
+        sel = UOp(UOps.GEP, f, (t,), 3)
+        for k in (2, 1, 0):
+          sel = _alu(TernaryOps.WHERE, f, _alu(BinaryOps.CMPLT, dtypes.bool, comp, _const(k + 1)),
+                     UOp(UOps.GEP, f, (t,), k), sel)
+        out.append(sel)
+    return out
+
+  def _image_store(self, x: LazyOp, buf: UOp, idx: Node, valid: Node, vals: list[UOp], valids: list[UOp]) -> list[UOp]:
+    """float4 texel stores: 4 lanes along a unit-stride upcast axis (Kernel.required_optimizations upcasts it)."""
+    img: ImageDType = x.arg.dtype
+    if (vec := self._fold_axis(idx, valid, (4,))) is None:
+      raise UnsupportedError(f"a store into {img} needs 4 upcast lanes along a unit-stride axis, "
+                             f"upcast sizes {self.up_sizes}")
+    texels, f = self._texels(img, idx), dtypes.float
+    out = []
+    for first, members in self._groups(vec[0], 4):
+      val = UOp(UOps.VECTORIZE, f.vec(4), tuple(vals[m].cast(f) for m in members))
+      v = valids[first]
+      if v.op is not UOps.CONST: out.append(UOp(UOps.STORE, None, (buf, texels[first], val, v)))
+      elif v.arg: out.append(UOp(UOps.STORE, None, (buf, texels[first], val)))
     return out
 
   def _store(self, x: LazyOp) -> list[UOp]:
@@ -295,6 +351,7 @@ class _Lowerer:
       firsts = [_alu(BinaryOps.CMPLT, dtypes.bool, self.render(self.idxs[a]), _const(1)) for a in self.group]
       gate = functools.reduce(lambda a, b: _alu(BinaryOps.AND, dtypes.bool, a, b), firsts)
       valids = [gate if v.op is UOps.CONST and v.arg else _alu(BinaryOps.AND, dtypes.bool, v, gate) for v in valids]
+    if isinstance(mb.dtype, ImageDType): return self._image_store(x, buf, idx, valid, vals, valids)
     def one(i: UOp, val: UOp, v: UOp) -> Optional[UOp]:
       if v.op is UOps.CONST: return UOp(UOps.STORE, None, (buf, i, val)) if v.arg else None
       return UOp(UOps.STORE, None, (buf, _alu(TernaryOps.WHERE, I32, v, i, _const(0)), val, v))

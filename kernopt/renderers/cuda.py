@@ -1,21 +1,53 @@
-"""The CUDA C dialect."""
+"""The CUDA C++ dialect (device "CUDA"): `extern "C" __global__` kernels with `__launch_bounds__`, blockIdx /
+threadIdx for SPECIALs, `__shared__` arrays, `__syncthreads()`. half (<cuda_fp16.h>) and `__nv_bfloat16`
+(<cuda_bf16.h>) are storage types: loaded into float, computed in float, each result rounded to nearest even, so
+results equal ops.exec_alu's. Vectors are CUDA's builtin float4-style types or small aligned structs; tensor cores
+are `mma.sync.m16n8k16` in inline PTX. Needs no CUDA header beyond those two (NVRTC-friendly)."""
 from __future__ import annotations
-from kernopt.dtype import dtypes
+import threading
+from typing import Any
+from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.renderers import TensorCore
 from kernopt.renderers.cstyle import CStyleLanguage
+from kernopt.uops import UOp, UOps
 
 CUDA_TENSOR_CORES = tuple(TensorCore(dims=(8, 16, 16), dtype_in=di, dtype_out=dtypes.float,
                                      threads=((0, 2), (0, 2), (1, 2), (1, 2), (0, 2)),
                                      thread_local_sizes=((2, 2, 2), (2, 2), (2, 2)))
                           for di in (dtypes.half, dtypes.bfloat16))
 
+# scalar dtype -> the base name of CUDA's builtin vector types (char4, uint2, longlong4, float4, ...)
+_BUILTIN_VEC = {dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int16: "short", dtypes.uint16: "ushort",
+                dtypes.int32: "int", dtypes.uint32: "uint", dtypes.int64: "longlong", dtypes.uint64: "ulonglong",
+                dtypes.float32: "float", dtypes.float64: "double"}
+_FIELDS = "xyzw"
+_render_state = threading.local()   # __launch_bounds__ of the render in progress
+
 class CUDARenderer(CStyleLanguage):
+  """CUDA C++ for nvcc or NVRTC. `arch` ("sm_80") selects the tensor cores (sm_80 and later)."""
   device = "CUDA"
+  suffix = "cu"
   global_max = (2147483647, 65535, 65535)
   local_max = (1024, 1024, 64)
   max_local_size = 1024
   shared_max = 49152
+
+  kernel_prefix = 'extern "C" __global__ '
+  smem_prefix = "__shared__ __align__(16) "
+  arg_int_prefix = "const int"
+  barrier = "__syncthreads();"
+  helper_prefix = "static __device__ __forceinline__"
+  includes = ("#include <cuda_fp16.h>", "#include <cuda_bf16.h>")
+  infinity = "__int_as_float(0x7f800000)"
+  nan = "__int_as_float(0x7fffffff)"
+  code_for_workitem = {"g": lambda d: f"blockIdx.{_FIELDS[d]}", "l": lambda d: f"threadIdx.{_FIELDS[d]}",
+                       "i": lambda d: f"(blockIdx.{_FIELDS[d]}*blockDim.{_FIELDS[d]}+threadIdx.{_FIELDS[d]})"}
+  type_map = {
+    dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
+    dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
+    dtypes.uint64: "unsigned long long", dtypes.half: "half", dtypes.bfloat16: "__nv_bfloat16",
+    dtypes.float32: "float", dtypes.float64: "double"}
 
   def __init__(self, arch: str = "sm_80"):
     if not arch.startswith("sm_") or not arch[3:].isdigit():
@@ -25,3 +57,108 @@ class CUDARenderer(CStyleLanguage):
 
   def capabilities(self) -> dict:
     return {**super().capabilities(), "arch": self.arch}
+
+  def render(self, name: str, uops: list[UOp]) -> str:
+    threads = 1
+    for u in uops:
+      if u.op is UOps.SPECIAL and u.arg[1].startswith("l") and isinstance(u.arg[2], int): threads *= u.arg[2]
+    outer = getattr(_render_state, "threads", None)
+    _render_state.threads = threads
+    try: return super().render(name, uops)
+    finally: _render_state.threads = outer
+
+  def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
+    bounds = getattr(_render_state, "threads", 1) or 1
+    head = "\n".join([*self.includes, *preamble])
+    return f"{head}\n{self.kernel_prefix}void __launch_bounds__({bounds}) {name}({', '.join(params)}) {{\n" + \
+      "\n".join(body) + "\n}\n"
+
+  # ***** types and values *****
+
+  def render_dtype(self, dt: DType) -> str:
+    if isinstance(dt, ImageDType): raise UnsupportedError(f"{self.dialect_name} has no images (got {dt})")
+    if dt.count == 1: return super().render_dtype(dt)
+    scalar, n = dt.scalar(), dt.count
+    if scalar == dtypes.bool or n not in (2, 3, 4, 8, 16):
+      raise UnsupportedError(f"{self.dialect_name} has no vector type {dt}")
+    if scalar in _BUILTIN_VEC and n <= 4 and not (n == 3 and scalar.itemsize == 8): return f"{_BUILTIN_VEC[scalar]}{n}"
+    return self._vector_struct(scalar, n)
+
+  def _vector_struct(self, scalar: DType, n: int) -> str:
+    """An aligned struct of n scalars (fields x, y, z, w or s0..sf) and its ko_make_ constructor."""
+    base = _BUILTIN_VEC.get(scalar) or {dtypes.half: "half", dtypes.bfloat16: "bf16"}[scalar]
+    name, t = f"ko_{base}{n}", self.type_map[scalar]
+    fields = [self._field(i, n) for i in range(n)]
+    align = min(16, scalar.itemsize * (n if n & (n - 1) == 0 else 4))
+    self.helper(name, f"struct __align__({align}) {name} {{ {t} {', '.join(fields)}; }};")
+    args, sets = ", ".join(f"{t} a{i}" for i in range(n)), " ".join(f"v.{f} = a{i};" for i, f in enumerate(fields))
+    self.helper(f"make_{name}", f"{self.helper_prefix} {name} make_{name}({args}) {{ {name} v; {sets} return v; }}")
+    return name
+
+  @staticmethod
+  def _field(lane: int, n: int) -> str: return _FIELDS[lane] if n <= 4 else f"s{lane:x}"
+
+  def render_vectorize(self, dt: DType, elems: list[str]) -> str:
+    name = self.render_dtype(dt)
+    if dt.scalar() in self.storage_floats: elems = [self.to_storage(e, dt.scalar()) for e in elems]
+    return f"make_{name}({', '.join(elems)})"
+
+  def render_gep(self, x: str, lane: int, dt: DType) -> str:
+    ret = f"{x}.{self._field(lane, dt.count)}"
+    return self.from_storage(ret, dt.scalar()) if dt.scalar() in self.storage_floats else ret
+
+  def render_const(self, val: Any, dt: DType) -> str:
+    if isinstance(val, tuple): val = val[0]   # the lowerer's DEFINE_ACC arg is (initial value, accumulator number)
+    return super().render_const(val, dt)
+
+  # ***** storage floats *****
+
+  def to_storage(self, x: str, dt: DType) -> str:
+    if dt == dtypes.half: return f"__float2half_rn({x})"
+    if dt == dtypes.bfloat16: return f"__float2bfloat16_rn({x})"
+    return x
+
+  def from_storage(self, x: str, dt: DType) -> str:
+    if dt == dtypes.half: return f"__half2float({x})"
+    if dt == dtypes.bfloat16: return f"__bfloat162float({x})"
+    return x
+
+  def round_storage(self, x: str, dt: DType) -> str: return self.from_storage(self.to_storage(f"((float){x})", dt), dt)
+
+  def render_cast(self, x: str, src: DType, dst: DType) -> str:
+    if src.count == 1 and dst in self.storage_floats and (dtypes.is_int(src) or src in (dtypes.bool, dtypes.float64)):
+      conv = "__double2half" if dst == dtypes.half else "__double2bfloat16"   # one rounding, as exec_alu does
+      return self.from_storage(f"{conv}((double){x})", dst)
+    return super().render_cast(x, src, dst)
+
+  def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
+    if src.count > 1 or dst.count > 1 or src.itemsize != dst.itemsize:
+      raise UnsupportedError(f"{self.dialect_name} can't bitcast {src} to {dst}")
+    if dst == dtypes.bool: return f"({x}!=0)"
+    if src == dtypes.bool: return f"(({self.render_dtype(dst)}){x})"
+    s, d = self.render_dtype(src), self.render_dtype(dst)
+    name = f"ko_bitcast_{self._suffix(src)}_{self._suffix(dst)}"
+    self.helper(name, f"{self.helper_prefix} {d} {name}({s} x) {{ {d} r; __builtin_memcpy(&r, &x, sizeof(r)); return r; }}")
+    return self.from_storage(f"{name}({self.to_storage(x, src)})", dst)
+
+  # ***** tensor cores *****
+
+  def render_wmma(self, u: UOp, srcs: list[str]) -> str:
+    arg = u.arg
+    if (arg.dims, arg.dtype_out) != ((8, 16, 16), dtypes.float) or arg.dtype_in not in (dtypes.half, dtypes.bfloat16):
+      raise UnsupportedError(f"{self.dialect_name} has no tensor core {arg.name} (dims {arg.dims}, "
+                             f"{arg.dtype_in} -> {arg.dtype_out})")
+    if int(self.arch[3:]) < 80: raise UnsupportedError(f"{self.dialect_name}: {arg.name} needs sm_80, not {self.arch}")
+    a_t, b_t, c_t = (self.render_dtype(s.dtype) for s in u.src)
+    kind = "f16" if arg.dtype_in == dtypes.half else "bf16"
+    name = f"ko_mma_m16n8k16_{kind}_f32"
+    regs = "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3}"
+    self.helper(name, "\n".join([
+      f"{self.helper_prefix} {c_t} {name}({a_t} a, {b_t} b, {c_t} c) {{",
+      "  unsigned ra[4], rb[2];   // two 16-bit inputs per 32-bit register, lower index in the low half",
+      "  __builtin_memcpy(ra, &a, sizeof(ra)); __builtin_memcpy(rb, &b, sizeof(rb));",
+      f'  asm("mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {regs};"',
+      '      : "+f"(c.x), "+f"(c.y), "+f"(c.z), "+f"(c.w)',
+      '      : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));',
+      "  return c;", "}"]))
+    return f"{name}({', '.join(srcs)})"

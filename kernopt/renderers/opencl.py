@@ -18,7 +18,8 @@ _HELPERS = {
                    "return vload_half(0, (__private half*)&h); }",
   "ko_half_bits": "ushort ko_half_bits(float x) { ushort h; vstore_half_rte(x, 0, (__private half*)&h); return h; }",
   "ko_half_from_bits": "float ko_half_from_bits(ushort h) { return vload_half(0, (__private half*)&h); }",
-  "ko_bf16_bits": "ushort ko_bf16_bits(float x) { uint u = as_uint(x); if (isnan(x)) return (ushort)((u >> 16) | 0x40u); "
+  "ko_bf16_bits": "ushort ko_bf16_bits(float x) { uint u = as_uint(x); "
+                  "if (isnan(x)) return (ushort)((u >> 16) | 0x40u); "
                   "return (ushort)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16); }",
   "ko_bf16_from_bits": "float ko_bf16_from_bits(ushort h) { return as_float(((uint)h) << 16); }",
 }
@@ -56,7 +57,8 @@ class OpenCLRenderer(CStyleLanguage):
     dtypes.bfloat16: "ushort", dtypes.float32: "float", dtypes.float64: "double"}
 
   def __init__(self, local_max: Optional[tuple[int, ...]] = None, max_local_size: Optional[int] = None,
-               shared_max: Optional[int] = None, has_fp16: Optional[bool] = None, supports_images: Optional[bool] = None):
+               shared_max: Optional[int] = None, has_fp16: Optional[bool] = None,
+               supports_images: Optional[bool] = None):
     if local_max is not None: self.local_max = tuple(local_max)
     if max_local_size is not None: self.max_local_size = max_local_size
     if shared_max is not None: self.shared_max = shared_max
@@ -77,7 +79,7 @@ class OpenCLRenderer(CStyleLanguage):
 
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
     fp64, fp16, images = getattr(_render_state, "flags", (False, False, False))
-    pragmas = ["#pragma OPENCL EXTENSION cl_khr_fp64 : enable"] * fp64 + ["#pragma OPENCL EXTENSION cl_khr_fp16 : enable"] * fp16
+    pragmas = [f"#pragma OPENCL EXTENSION cl_khr_{ext} : enable" for ext, on in (("fp64", fp64), ("fp16", fp16)) if on]
     return super().render_kernel(name, params, body, pragmas + preamble + [_SAMPLER] * images)
 
   # ***** types and values *****
@@ -91,7 +93,8 @@ class OpenCLRenderer(CStyleLanguage):
     return "uchar" if dt.scalar() == dtypes.bool else self.render_dtype(dt.scalar())
 
   def render_dtype(self, dt: DType) -> str:
-    if dt.count > 1 and not isinstance(dt, ImageDType) and (dt.scalar() == dtypes.bool or dt.count not in (2, 3, 4, 8, 16)):
+    bad_vector = dt.count > 1 and (dt.scalar() == dtypes.bool or dt.count not in (2, 3, 4, 8, 16))
+    if bad_vector and not isinstance(dt, ImageDType):
       raise UnsupportedError(f"{self.dialect_name} has no vector type {dt}")
     return super().render_dtype(dt)
 

@@ -135,7 +135,8 @@ class OpenCLDevice(Compiled):
 
   # *** launch ***
   def _launch(self, lib: _CLKernel, program: Program, handles: list[Any], var_vals: list[int],
-              global_size: Optional[tuple[int, ...]], local_size: Optional[tuple[int, ...]], wait: bool) -> Optional[float]:
+              global_size: Optional[tuple[int, ...]], local_size: Optional[tuple[int, ...]],
+              wait: bool) -> Optional[float]:
     import pyopencl as cl
     gws, lws = self.launch_sizes(lib, program, global_size, local_size)
     try:
