@@ -694,8 +694,12 @@ class Kernel:
   def hand_coded_optimizations(self) -> Kernel:
     """The spec's heuristics, in order: matvec; GROUPTOP of small outputs; image float4 upcasts; masked-axis
     upcasts; upcasts of broadcast axes while the output is large; reduce unrolling; a default upcast; locals.
-    Never applies tensor cores."""
+    Never applies tensor cores. A renderer whose `heuristics` is "cpu_native" (the native CPU profile) gets
+    heuristics_cpu's register tiles instead, falling back to these when none fits."""
     self.required_optimizations()
+    if getattr(self.opts, "heuristics", "spec") == "cpu_native":
+      from kernopt.heuristics_cpu import hand_coded_cpu
+      if hand_coded_cpu(self): return self
     if self._matvec(): return self
     out = self.sts[0]
     if self.opts.has_local and self.opts.has_shared and all_int(out.shape[:self.first_reduce]):

@@ -7,7 +7,8 @@ from typing import Any, Optional, Sequence
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError, VerifyError
 from kernopt.helpers import dedup, prod
-from kernopt.ops import BinaryOps, BufferOps, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
+from kernopt.ops import (BinaryOps, BufferOps, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps,
+                         WMMAArg)
 from kernopt.shape.shapetracker import ShapeTracker
 from kernopt.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable
 from kernopt.uops import UOp, UOps
@@ -29,6 +30,10 @@ def _cached(fn: Any) -> Any:
     if (u := ctx.render_cache.get(n)) is None: u = ctx.render_cache[n] = fn(n, ops, ctx)
     return u
   return wrapper
+
+def _value_dtype(dt: Any) -> Any:
+  """The dtype of a value computed from dt's loads: an image's elements are read as float."""
+  return dtypes.float if isinstance(dt, ImageDType) else dt
 
 def _as_bool(u: UOp) -> UOp: return u if u.dtype == dtypes.bool else _alu(BinaryOps.CMPNE, dtypes.bool, u, _const(0))
 
@@ -242,14 +247,14 @@ class _Lowerer:
     if x.op is BufferOps.CONST: return self._const_buf(x)
     if x.op is BufferOps.LOAD: return self._load(x)
     if x.op is BufferOps.STORE: return self._store(x)
-    if x.op is ReduceOps.WMMA: raise UnsupportedError("lowering WMMA (tensor cores) is not implemented")
+    if x.op is ReduceOps.WMMA: return self._wmma(x, (), [])
     if x.op in ReduceOps: return self._reduce(x)
     src = [self.lower(s) for s in x.src]
     if x.op in (UnaryOps.CAST, UnaryOps.BITCAST):
       kind = UOps.CAST if x.op is UnaryOps.CAST else UOps.BITCAST
       return [UOp(kind, x.arg, (s,)) for s in src[0]]
     if x.op is MetaOps.KERNEL: raise VerifyError("nested KERNEL op")
-    dt = x.dtype
+    dt = _value_dtype(x.dtype)
     return [UOp(UOps.ALU, dt, tuple(s[i] for s in src), x.op) for i in range(len(self.lanes))]
 
   def _const_buf(self, x: LazyOp) -> list[UOp]:
@@ -365,13 +370,16 @@ class _Lowerer:
     return out
 
   def _reduce(self, x: LazyOp) -> list[UOp]:
-    src = self.lower(x.src[0])
-    dt = x.dtype
-    op = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}[x.op]  # type: ignore[index]
-    init = dtypes.as_const(0 if x.op is ReduceOps.SUM else dtypes.min(dt), dt)  # type: ignore[arg-type]
     fu = self.first_upcast
     loops = tuple(self.range_of[a] for a in sorted(x.arg) if a < fu)
     ups = [a - fu for a in x.arg if a >= fu]
+    if x.src[0].op is ReduceOps.WMMA:
+      if x.op is not ReduceOps.SUM: raise UnsupportedError(f"{x.op} over a WMMA (only SUM accumulates tensor cores)")
+      return self._wmma(x.src[0], loops, ups)
+    src = self.lower(x.src[0])
+    dt = _value_dtype(x.dtype)
+    op = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}[x.op]  # type: ignore[index]
+    init = dtypes.as_const(0 if x.op is ReduceOps.SUM else dtypes.min(dt), dt)  # type: ignore[arg-type]
     combine = lambda xs: functools.reduce(lambda a, b: _alu(op, dt, a, b), xs)  # noqa: E731
     by_out: dict[tuple[int, ...], list[int]] = {}
     for i, ln in enumerate(self.lanes):
@@ -394,6 +402,51 @@ class _Lowerer:
           done[key] = combine(phis)
       for m in members: out[m] = done[key]
     return out
+
+  def _wmma(self, w: LazyOp, loops: tuple[UOp, ...], ups: list[int]) -> list[UOp]:
+    """Tensor-core instructions: D = A·B + C per combination of the upcast axes the instruction doesn't consume.
+    A (B) is the vector of the lanes along upcast_axes[0] ([1]) with the other consumed axes at 0, C and D the
+    lanes along upcast_axes[2]; instances differing in the reduced upcast axes `ups` chain through C, and across
+    the reduce `loops` C is the accumulators, which take D's lanes."""
+    arg: WMMAArg = w.arg
+    fu = self.first_upcast
+    ua, ub, uc = (a - fu for a in arg.upcast_axes)
+    red = {a - fu for a in arg.reduce_axes}
+    na, nb, nc = arg.thread_local_sizes
+    n_up = len(self.up_sizes)
+    if not all(0 <= a < n_up for a in (ua, ub, uc, *red)) or \
+       (self.up_sizes[ua], self.up_sizes[ub], self.up_sizes[uc]) != (na, nb, nc) or uc in red or \
+       not {ua, ub} <= red | {uc}:
+      raise UnsupportedError(f"WMMA {arg.name}: upcast axes {arg.upcast_axes} / reduce axes {arg.reduce_axes} don't "
+                             f"hold fragments {arg.thread_local_sizes} in upcast sizes {self.up_sizes} (first {fu})")
+    if self.group: raise UnsupportedError(f"WMMA {arg.name} inside a GROUP reduce")
+    a_vals, b_vals = self.lower(w.src[0]), self.lower(w.src[1])
+    dt = arg.dtype_out
+    def at(ln: tuple[int, ...], fixed: dict[int, int]) -> int:
+      return self.lane_of[tuple(fixed.get(j, v) for j, v in enumerate(ln))]
+    def frag(vals: list[UOp], ln: tuple[int, ...], axis: int, n: int) -> UOp:
+      zero = {j: 0 for j in red | {uc}}
+      return UOp(UOps.VECTORIZE, arg.dtype_in.vec(n), tuple(vals[at(ln, {**zero, axis: i})].cast(arg.dtype_in)
+                                                            for i in range(n)))
+    # one C vector per output: the lanes with the consumed, reduced and C axes at 0
+    outs: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for ln in self.lanes:
+      if any(ln[j] for j in red | {uc}): continue
+      outs.setdefault(tuple(0 if j in ups else v for j, v in enumerate(ln)), []).append(ln)
+    out: list[Optional[UOp]] = [None] * len(self.lanes)
+    for key, instances in outs.items():
+      if loops:
+        accs = [UOp(UOps.DEFINE_ACC, dt, loops, (dtypes.as_const(0, dt), self.acc_n + i)) for i in range(nc)]
+        self.acc_n += nc
+      else: accs = [UOp.const(dt, 0)] * nc
+      c = UOp(UOps.VECTORIZE, dt.vec(nc), tuple(accs))
+      for ln in instances:
+        c = UOp(UOps.WMMA, dt.vec(nc), (frag(a_vals, ln, ua, na), frag(b_vals, ln, ub, nb), c), arg)
+      res = [UOp(UOps.GEP, dt, (c,), i) for i in range(nc)]
+      if loops: res = [UOp(UOps.PHI, dt, (acc, r)) for acc, r in zip(accs, res)]
+      for i, r in enumerate(res): out[at(key, {uc: i})] = r
+    # lanes along the consumed and reduced axes share their output's value
+    return [out[at(ln, {j: 0 for j in red | set(ups)})] for ln in self.lanes]  # type: ignore[misc]
 
 def lower(ast: LazyOp, opts: Any) -> UOp:
   """The SINK of the UOp graph of an optimized AST (see the axis groups above) for a dialect `opts`."""

@@ -358,7 +358,10 @@ def order_uops(sink: UOp) -> list[UOp]:
     elif u.op is UOps.PHI: s = deepest([after[x] for x in u.src] + [max(u.src[0].src, key=lambda r: depth[r])])
     else: s = deepest([after[x] for x in u.src])
     scope[u] = s
-    after[u] = parent[min(u.src[0].src, key=lambda r: depth[r])] if u.op is UOps.PHI else s
+    # an accumulator's running value is read inside its loops (e.g. as a WMMA's C operand), its final one after them
+    if u.op is UOps.DEFINE_ACC and u.src: after[u] = max(u.src, key=lambda r: depth[r])
+    elif u.op is UOps.PHI: after[u] = parent[min(u.src[0].src, key=lambda r: depth[r])]
+    else: after[u] = s
 
   # the block of each item: a RANGE is an item of its parent's block, everything else of its scope's
   def block_of(u: UOp) -> Optional[UOp]: return parent[u] if u.op is UOps.RANGE else scope[u]

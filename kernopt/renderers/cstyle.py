@@ -202,6 +202,10 @@ class CStyleLanguage(Renderer):
     if kind not in self.code_for_workitem: raise UnsupportedError(f"{self.dialect_name} has no work-item index {name}")
     return f"int {name} = {self.code_for_workitem[kind](dim)};"
 
+  def render_range(self, u: UOp, var: str, start: str, end: str) -> list[str]:
+    """The line(s) opening the loop of RANGE u over [start, end) with index variable var."""
+    return [f"for ({self.render_dtype(u.dtype)} {var} = {start}; {var} < {end}; {var}++) {{"]
+
   def render_wmma(self, u: UOp, srcs: list[str]) -> str: raise UnsupportedError(f"{self.dialect_name} has no WMMA")
   def render_image_load(self, u: UOp, srcs: list[str]) -> str:
     raise UnsupportedError(f"{self.dialect_name} has no images")
@@ -347,7 +351,7 @@ class _Emitter:
         r[u] = u.arg[1]
       elif op is UOps.RANGE:
         r[u] = v = self.fresh("ridx")
-        self.line(f"for ({lang.render_dtype(dt)} {v} = {r[src[0]]}; {v} < {r[src[1]]}; {v}++) {{")
+        for ln in lang.render_range(u, v, r[src[0]], r[src[1]]): self.line(ln)
         self.depth += 1
       elif op is UOps.IF:
         self.line(f"if ({r[src[0]]}) {{")

@@ -138,7 +138,8 @@ class CUDARenderer(CStyleLanguage):
     if src == dtypes.bool: return f"(({self.render_dtype(dst)}){x})"
     s, d = self.render_dtype(src), self.render_dtype(dst)
     name = f"ko_bitcast_{self._suffix(src)}_{self._suffix(dst)}"
-    self.helper(name, f"{self.helper_prefix} {d} {name}({s} x) {{ {d} r; __builtin_memcpy(&r, &x, sizeof(r)); return r; }}")
+    body = f"{{ {d} r; __builtin_memcpy(&r, &x, sizeof(r)); return r; }}"
+    self.helper(name, f"{self.helper_prefix} {d} {name}({s} x) {body}")
     return self.from_storage(f"{name}({self.to_storage(x, src)})", dst)
 
   # ***** tensor cores *****

@@ -106,7 +106,6 @@ class OpenCLRenderer(CStyleLanguage):
     return f"(({-(1 << 63) + 1}l-1))" if val == -(1 << 63) else (f"({val}{suffix})" if val < 0 else f"{val}{suffix}")
 
   def render_const(self, val: Any, dt: DType) -> str:
-    if isinstance(val, tuple): val = val[0]   # the lowerer's DEFINE_ACC arg is (initial value, accumulator number)
     ret = super().render_const(val, dt)
     if dt == dtypes.half and self.has_fp16: return f"((half){ret}f)" if ret[-1].isdigit() else f"((half){ret})"
     return ret

@@ -1,6 +1,8 @@
-"""The CPU device: C source from `CRenderer`, compiled by the system C compiler (clang, else gcc) into a shared
-object cached on disk, loaded with ctypes. Flags: -O2 -march=native (when accepted) -fPIC -shared -std=gnu11
--ffp-contract=off -fno-math-errno; never -ffast-math, so NaN, infinities and IEEE rounding match the op table."""
+"""The CPU device: C source from the native profile `NativeCRenderer` (or the static `CRenderer`), compiled by the
+system C compiler (clang, else gcc) into a shared object cached on disk, loaded with ctypes. Flags: -O2
+-march=native (when accepted) -fPIC -shared -std=gnu11 -ffp-contract=off -fno-math-errno, plus -fopenmp (when
+accepted) and -pthread for parallel kernels; never -ffast-math, so NaN, infinities and IEEE rounding match the op
+table. The thread count is rendered into the source, so it is part of the binary cache key."""
 from __future__ import annotations
 import ctypes
 import functools
@@ -17,6 +19,7 @@ from kernopt.errors import CompileError, LaunchError, UnsupportedError
 from kernopt.helpers import diskcache_get, diskcache_put, getconfig
 from kernopt.renderers import Program, Renderer
 from kernopt.renderers.cstyle import CRenderer
+from kernopt.renderers.native import NativeCRenderer
 from kernopt.runtime import Compiled
 
 BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno")
@@ -53,21 +56,42 @@ def toolchain(cc: str) -> tuple[str, tuple[str, ...], str]:
   ret = (version[0] if version else "unknown", ("-march=native",) if native else (), isa or os.uname().machine)
   return diskcache_put("cpu_toolchain", key, ret)
 
+@functools.lru_cache(None)
+def openmp_flags(cc: str) -> tuple[str, ...]:
+  """("-fopenmp",) if cc builds and links an OpenMP shared object, else () (cached on disk like toolchain)."""
+  st = os.stat(cc)
+  key = ("cpu_openmp", cc, st.st_size, st.st_mtime_ns, __version__)
+  if (hit := diskcache_get("cpu_toolchain", key)) is not None: return hit
+  with tempfile.TemporaryDirectory(prefix="kernopt_omp_") as d:
+    src = "void f(int* x) {\n#pragma omp parallel for\nfor (int i = 0; i < 4; i++) x[i] = i;\n}\n"
+    out = _run([cc, "-fopenmp", "-fPIC", "-shared", "-x", "c", "-", "-o", os.path.join(d, "t.so")], "probe", src)
+  return diskcache_put("cpu_toolchain", key, ("-fopenmp",) if out.returncode == 0 else ())
+
 class CPUDevice(Compiled):
-  """Kernels are C functions `void name(T* data0, ..., int var, ...)` run on the calling thread; Program global
-  and local sizes are None (the loops are inside). `extra_flags` are appended to the compiler command."""
+  """Kernels are C functions `void name(T* data0, ..., int var, ...)` called from the launching thread (a parallel
+  kernel starts its workers itself); Program global and local sizes are None (the loops are inside).
+  `profile` is "native" (NativeCRenderer for this host: `threads` (default CPU_THREADS, else the usable cores),
+  `parallel` "openmp" | "pthread" | "none", `vector_width` (default from the ISA)) or "static" (the spec's CRenderer).
+  `extra_flags` are appended to the compiler command."""
   name = "CPU"
 
-  def __init__(self, extra_flags: tuple[str, ...] = ()):
-    super().__init__()
+  def __init__(self, extra_flags: tuple[str, ...] = (), profile: str = "native", threads: Optional[int] = None,
+               parallel: Optional[str] = None, vector_width: Optional[int] = None):
+    if profile not in ("native", "static"): raise UnsupportedError(f"CPU profile must be native or static: {profile!r}")
     self.extra_flags = tuple(extra_flags)
+    self.profile, self._threads, self._parallel, self._vector_width = profile, threads, parallel, vector_width
     self._cc: Optional[str] = None
+    super().__init__()
 
   @classmethod
   def availability(cls) -> tuple[bool, str]:
     return (True, "") if find_compiler() is not None else (False, "no C compiler (clang, gcc or cc) on PATH")
 
-  def _make_renderer(self) -> Renderer: return CRenderer()
+  def _make_renderer(self) -> Renderer:
+    if self.profile == "static": return CRenderer()
+    parallel = self._parallel
+    if parallel is None: parallel = "openmp" if find_compiler() is None or openmp_flags(self.cc) else "pthread"
+    return NativeCRenderer(vector_width=self._vector_width, threads=self._threads, parallel=parallel)
 
   @property
   def cc(self) -> str:
@@ -76,7 +100,9 @@ class CPUDevice(Compiled):
       self._cc = cc
     return self._cc
 
-  def flags(self) -> tuple[str, ...]: return BASE_FLAGS + toolchain(self.cc)[1] + self.extra_flags
+  def flags(self) -> tuple[str, ...]:
+    threads = ("-pthread",) + openmp_flags(self.cc) if self.profile == "native" else ()
+    return BASE_FLAGS + toolchain(self.cc)[1] + threads + self.extra_flags
 
   def compiler_id(self) -> str:
     version, _, isa = toolchain(self.cc)

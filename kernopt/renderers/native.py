@@ -1,0 +1,129 @@
+"""The native profile of the C dialect: `NativeCRenderer` is `CRenderer` configured for the host CPU (vector width
+from the ISA, thread count, raised upcast limit). It packs upcast lanes into GCC vector ops (renderers/vectorize.py)
+and splits the outermost non-reduce loop across threads (OpenMP, or a pthread pool rendered into the kernel).
+Every departure from the static C profile is listed in docs/cpu.md. Imports dtype, errors, helpers, uops, renderers."""
+from __future__ import annotations
+import functools
+import os
+from typing import Any, Optional
+from kernopt.dtype import DType, dtypes
+from kernopt.errors import UnsupportedError
+from kernopt.helpers import getconfig
+from kernopt.ops import BinaryOps
+from kernopt.renderers.cstyle import CRenderer
+from kernopt.renderers.vectorize import pack_lanes
+from kernopt.uops import UOp, UOps
+
+PARALLEL_MODES = ("openmp", "pthread", "none")
+
+@functools.lru_cache(None)
+def host_vector_width(cpuinfo: str = "/proc/cpuinfo") -> int:
+  """fp32 lanes of the widest vector unit the host has: 16 with AVX-512F, 8 with AVX2, else 4 (SSE/NEON)."""
+  try:
+    with open(cpuinfo) as f: text = f.read()
+  except OSError: return 4
+  flags: set[str] = set()
+  for line in text.splitlines():
+    if line.startswith(("flags", "Features")):
+      flags = set(line.split(":", 1)[1].split())
+      break
+  return 16 if "avx512f" in flags else 8 if "avx2" in flags else 4
+
+def host_threads() -> int:
+  """The cores this process may run on."""
+  try: return len(os.sched_getaffinity(0))
+  except (AttributeError, OSError): return os.cpu_count() or 1
+
+class NativeCRenderer(CRenderer):
+  """CRenderer for this host: `vector_width` fp32 lanes, `threads` workers (default: CPU_THREADS, else the cores the
+  process may use), `parallel` in PARALLEL_MODES. The heuristics read `heuristics == "cpu_native"`."""
+  heuristics = "cpu_native"
+
+  def __init__(self, vector_width: Optional[int] = None, threads: Optional[int] = None, parallel: str = "openmp"):
+    if parallel not in PARALLEL_MODES: raise UnsupportedError(f"parallel must be one of {PARALLEL_MODES}, got {parallel!r}")
+    self.vector_width = vector_width if vector_width is not None else host_vector_width()
+    if self.vector_width < 1 or self.vector_width & (self.vector_width - 1):
+      raise UnsupportedError(f"vector_width must be a power of two, got {self.vector_width}")
+    self.threads = threads if threads is not None else (getconfig().CPU_THREADS or host_threads())
+    if self.threads < 1: raise UnsupportedError(f"threads must be at least 1, got {self.threads}")
+    self.parallel = parallel if self.threads > 1 else "none"
+    self.max_upcast = max(8, 2 * self.vector_width)
+    self._loop: Optional[UOp] = None
+
+  def capabilities(self) -> dict[str, Any]:
+    return {**super().capabilities(), "vector_width": self.vector_width, "threads": self.threads,
+            "parallel": self.parallel}
+
+  def __repr__(self) -> str:
+    return f"NativeCRenderer(vector_width={self.vector_width}, threads={self.threads}, parallel={self.parallel!r})"
+
+  # ***** vector ALU (GCC vector extensions; lanes compute exactly the scalar op) *****
+
+  def render_alu(self, op: Any, dt: DType, srcs: list[str]) -> str:
+    if dt.count == 1: return super().render_alu(op, dt, srcs)
+    if dt.scalar() != dtypes.float32: raise UnsupportedError(f"{self.dialect_name} has no vector ALU on {dt}")
+    if op is BinaryOps.ADD: return f"({srcs[0]}+{srcs[1]})"
+    if op is BinaryOps.MUL: return f"({srcs[0]}*{srcs[1]})"
+    if op is BinaryOps.MAX:
+      vt, it = self.render_dtype(dt), self.render_dtype(dtypes.int32.vec(dt.count))
+      name = f"ko_max_{vt}"
+      # a > b ? a : b per lane (NaN compares false and picks b), as the scalar spelling
+      self.helper(name, f"static inline {vt} {name}({vt} a, {vt} b) {{ {it} m = (a > b); "
+                        f"return ({vt})((m & ({it})a) | (~m & ({it})b)); }}")
+      return f"{name}({srcs[0]}, {srcs[1]})"
+    raise UnsupportedError(f"{self.dialect_name} has no vector {op.name}")
+
+  # ***** threads *****
+
+  def parallel_loop(self, uops: list[UOp]) -> Optional[UOp]:
+    """The outermost loop if it is a non-reduce RANGE that no accumulator outside it carries across iterations."""
+    if self.parallel == "none": return None
+    first = next((i for i, u in enumerate(uops) if u.op is UOps.RANGE), None)
+    if first is None or uops[first].arg[1]: return None
+    rng = uops[first]
+    if any(u.op in (UOps.DEFINE_ACC, UOps.DEFINE_LOCAL, UOps.BARRIER, UOps.SPECIAL) for u in uops[:first]): return None
+    return rng
+
+  def render_range(self, u: UOp, var: str, start: str, end: str) -> list[str]:
+    if u is not self._loop: return super().render_range(u, var, start, end)
+    if self.parallel == "openmp":
+      return [f"#pragma omp parallel for schedule(static) num_threads({self.threads})",
+              f"for (int32_t {var} = {start}; {var} < {end}; {var}++) {{"]
+    # pthread: worker ko_tid runs its contiguous share of the range
+    lo, hi = f"{var}_lo", f"{var}_hi"
+    n = f"((int64_t)({end})-(int64_t)({start}))"
+    return [f"int32_t {lo} = (int32_t)({start} + {n}*ko_tid/{self.threads});",
+            f"int32_t {hi} = (int32_t)({start} + {n}*(ko_tid+1)/{self.threads});",
+            f"for (int32_t {var} = {lo}; {var} < {hi}; {var}++) {{"]
+
+  def render(self, name: str, uops: list[UOp]) -> str:
+    uops = pack_lanes(list(uops), self.vector_width)
+    self._loop = self.parallel_loop(uops)
+    try:
+      src = super().render(name, uops)
+    finally: self._loop = None
+    return src
+
+  def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
+    if self._loop is None or self.parallel != "pthread": return super().render_kernel(name, params, body, preamble)
+    return _pthread_kernel(self, name, params, body, preamble)
+
+def _pthread_kernel(r: NativeCRenderer, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
+  """The body as `static void name_part(params, int ko_tid)`, and `name` starting threads-1 pthreads on it, running
+  share 0 itself and joining them."""
+  names = [p.split()[-1] for p in params]
+  fields = "".join(f" {p.replace(' restrict', '')};" for p in params)
+  head = "\n".join([*r.includes, "#include <pthread.h>", *preamble])
+  part = f"static void {name}_part({', '.join(params + ['int ko_tid'])}) {{\n" + "\n".join(body) + "\n}\n"
+  args = ", ".join([f"a->{n}" for n in names] + ["a->ko_tid"])
+  thr = (f"struct {name}_args {{{fields} int ko_tid; }};\n"
+         f"static void* {name}_thread(void* p) {{ struct {name}_args* a = p; {name}_part({args}); return 0; }}\n")
+  init = ", ".join(names + ["t"])
+  main = (f"{r.kernel_prefix}void {name}({', '.join(params)}) {{\n"
+          f"  pthread_t th[{r.threads}]; struct {name}_args a[{r.threads}]; int started[{r.threads}];\n"
+          f"  for (int t = 1; t < {r.threads}; t++) {{ a[t] = (struct {name}_args){{{init}}}; "
+          f"started[t] = pthread_create(&th[t], 0, {name}_thread, &a[t]) == 0; "
+          f"if (!started[t]) {name}_thread(&a[t]); }}\n"
+          f"  {name}_part({', '.join(names + ['0'])});\n"
+          f"  for (int t = 1; t < {r.threads}; t++) if (started[t]) pthread_join(th[t], 0);\n}}\n")
+  return f"{head}\n{part}{thr}{main}"

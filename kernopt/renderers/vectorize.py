@@ -1,0 +1,238 @@
+"""Lane packing for the native C profile. The upcast expansion leaves W scalar lanes per op; GCC's SLP vectorizer
+does not start from loop-carried accumulators, so this pass packs them itself: contiguous LOADs and STOREs, the ALU
+ops between them, their accumulators and PHIs become one vector op of W lanes each, lane l computing exactly the
+scalar op it replaces (same operands, same order). A lane read by an unpacked op is read back with a GEP.
+Works on a linearized UOp list and returns one. Imports dtype, ops and uops."""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from typing import Any, Optional
+from kernopt.dtype import DType, ImageDType, dtypes
+from kernopt.ops import BinaryOps
+from kernopt.uops import UOp, UOps
+
+VECTOR_ALU = frozenset((BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX))
+VECTOR_DTYPES = frozenset((dtypes.float32,))
+
+@dataclass
+class _Group:
+  kind: str                       # "load" | "alu" | "acc" | "phi" | "store"
+  members: tuple[UOp, ...]        # lane l is members[l]
+  parts: tuple[Any, ...] = ()     # alu: per operand ("v", group id) | ("s", scalar uop) | ("a", acc group id)
+  deps: set[int] = field(default_factory=set)
+  live: bool = True
+
+def _base_offset(idx: UOp) -> tuple[Optional[UOp], int]:
+  """idx as (base, constant offset); base None for a constant index."""
+  if idx.op is UOps.CONST: return None, idx.arg
+  if idx.op is UOps.ALU and idx.arg is BinaryOps.ADD and idx.src[1].op is UOps.CONST and \
+     isinstance(idx.src[1].arg, int): return idx.src[0], idx.src[1].arg
+  return idx, 0
+
+def _plain_global(buf: UOp) -> bool:
+  return buf.op is UOps.DEFINE_GLOBAL and not isinstance(buf.dtype, ImageDType)
+
+class _Packer:
+  def __init__(self, uops: list[UOp], width: int):
+    self.uops, self.width = uops, width
+    self.pos = {u: i for i, u in enumerate(uops)}
+    self.scope: dict[UOp, tuple[UOp, ...]] = {}
+    stack: list[UOp] = []
+    for u in uops:
+      if u.op in (UOps.ENDRANGE, UOps.ENDIF): stack.pop()
+      self.scope[u] = tuple(stack)
+      if u.op in (UOps.RANGE, UOps.IF): stack.append(u)
+    self.users: dict[UOp, list[UOp]] = {}
+    for u in uops:
+      for s in u.src: self.users.setdefault(s, []).append(u)
+    self.groups: list[_Group] = []
+    self.of: dict[UOp, tuple[int, int]] = {}
+
+  def add(self, kind: str, members: tuple[UOp, ...], parts: tuple = (), deps: Optional[set[int]] = None) -> int:
+    gid = len(self.groups)
+    self.groups.append(_Group(kind, members, parts, deps or set()))
+    for lane, m in enumerate(members): self.of[m] = (gid, lane)
+    return gid
+
+  # ***** finding groups *****
+
+  def contiguous(self, by_key: dict[Any, dict[int, UOp]]) -> list[tuple[UOp, ...]]:
+    """Runs of W consecutive offsets, lowest first."""
+    ret = []
+    for offs in by_key.values():
+      keys, i = sorted(offs), 0
+      while i + self.width <= len(keys):
+        if keys[i + self.width - 1] - keys[i] == self.width - 1:
+          ret.append(tuple(offs[k] for k in keys[i:i + self.width]))
+          i += self.width
+        else: i += 1
+    return ret
+
+  def find_loads(self) -> None:
+    by_key: dict[Any, dict[int, UOp]] = {}
+    for u in self.uops:
+      if u.op is UOps.LOAD and len(u.src) == 2 and u.dtype in VECTOR_DTYPES and _plain_global(u.src[0]):
+        base, off = _base_offset(u.src[1])
+        by_key.setdefault((u.src[0], base, self.scope[u]), {})[off] = u
+    for members in self.contiguous(by_key): self.add("load", members)
+
+  def alu_key(self, u: UOp) -> Optional[tuple[Any, int]]:
+    lane: Optional[int] = None
+    parts: list[Any] = []
+    for s in u.src:
+      if s in self.of:
+        gid, ln = self.of[s]
+        if lane is not None and ln != lane: return None
+        lane = ln
+        parts.append(("v", gid))
+      elif s.op is UOps.DEFINE_ACC: parts.append(("a",))
+      else: parts.append(("s", s))
+    if lane is None or sum(p[0] == "a" for p in parts) > 1: return None
+    return ("alu", u.arg, u.dtype, self.scope[u], tuple(parts)), lane
+
+  def store_key(self, u: UOp) -> Optional[tuple[Any, int]]:
+    if len(u.src) != 3 or not _plain_global(u.src[0]) or u.src[2] not in self.of: return None
+    gid, lane = self.of[u.src[2]]
+    base, off = _base_offset(u.src[1])
+    return ("store", u.src[0], base, off - lane, self.scope[u], gid), lane
+
+  def step(self) -> bool:
+    """One pass over the list: group every op whose operands are packed; True if a group was added."""
+    cands: dict[Any, dict[int, list[UOp]]] = {}
+    for u in self.uops:
+      if u in self.of: continue
+      found: Optional[tuple[Any, int]] = None
+      if u.op is UOps.ALU and u.arg in VECTOR_ALU and u.dtype in VECTOR_DTYPES: found = self.alu_key(u)
+      elif u.op is UOps.PHI and u.src[0] in self.of and u.src[1] in self.of:
+        (ga, la), (gv, lv) = self.of[u.src[0]], self.of[u.src[1]]
+        if la == lv: found = ("phi", ga, gv), la
+      elif u.op is UOps.STORE: found = self.store_key(u)
+      if found is not None: cands.setdefault(found[0], {}).setdefault(found[1], []).append(u)
+    added = False
+    for key, lanes in cands.items():
+      if len(lanes) != self.width or any(len(v) != 1 for v in lanes.values()): continue
+      members = tuple(lanes[ln][0] for ln in range(self.width))
+      if any(m in self.of for m in members): continue
+      if key[0] == "alu": added |= self.add_alu(key[4], members)
+      elif key[0] == "phi":
+        self.add("phi", members, deps={key[1], key[2]})
+        added = True
+      else:
+        self.add("store", members, deps={key[5]})
+        added = True
+    return added
+
+  def add_alu(self, parts: tuple, members: tuple[UOp, ...]) -> bool:
+    deps = {p[1] for p in parts if p[0] == "v"}
+    if ("a",) in parts:
+      i = parts.index(("a",))
+      accs = tuple(m.src[i] for m in members)
+      if not self.acc_lanes(accs, members): return False
+      acc = self.add("acc", accs)
+      parts = parts[:i] + (("a", acc),) + parts[i + 1:]
+      gid = self.add("alu", members, parts, deps | {acc})
+      self.groups[acc].deps.add(gid)
+      return True
+    self.add("alu", members, parts, deps)
+    return True
+
+  def acc_lanes(self, accs: tuple[UOp, ...], members: tuple[UOp, ...]) -> bool:
+    """Distinct alike accumulators, each read only by its lane's op and assigned only by PHI(acc, that op)."""
+    if len(set(accs)) != len(accs) or any(a in self.of for a in accs): return False
+    a0 = accs[0]
+    if any(a.dtype != a0.dtype or a.src != a0.src or a.arg[0] != a0.arg[0] for a in accs): return False
+    for a, m in zip(accs, members):
+      if any(not (x is m or (x.op is UOps.PHI and x.src == (a, m))) for x in self.users.get(a, [])): return False
+    return True
+
+  # ***** checking placement *****
+
+  def place(self, g: _Group) -> int: return max(self.pos[m] for m in g.members)
+
+  def visible_scope(self, gid: int) -> tuple[UOp, ...]:
+    g = self.groups[gid]
+    if g.kind == "phi": return self.visible_scope(self.of[g.members[0].src[0]][0])
+    return self.scope[g.members[0]]
+
+  def packed(self, u: UOp) -> bool: return u in self.of and self.groups[self.of[u][0]].live
+
+  def valid(self, gid: int) -> bool:
+    g = self.groups[gid]
+    if any(not self.groups[d].live for d in g.deps): return False
+    sc = self.scope[g.members[0]]
+    if any(self.scope[m] != sc for m in g.members): return False
+    at, vis = self.place(g), self.visible_scope(gid)
+    for m in g.members:
+      scalar = [x for x in self.users.get(m, []) if not self.packed(x)]
+      if g.kind == "acc" and scalar: return False
+      for x in scalar:
+        if self.pos[x] <= at or self.scope[x][:len(vis)] != vis: return False
+    return True
+
+  def prune(self) -> None:
+    changed = True
+    while changed:
+      changed = False
+      for gid, g in enumerate(self.groups):
+        if g.live and not self.valid(gid):
+          g.live, changed = False, True
+
+  # ***** rewriting *****
+
+  def rewrite(self) -> list[UOp]:
+    live = [g for g in self.groups if g.live]
+    if not live: return self.uops
+    at: dict[int, int] = {self.place(g): gid for gid, g in enumerate(self.groups) if g.live}
+    vec: dict[int, UOp] = {}
+    new: dict[UOp, UOp] = {}
+    geps: dict[tuple[int, int], UOp] = {}
+    out: list[UOp] = []
+
+    def scalar(s: UOp) -> UOp:
+      if not self.packed(s): return new.get(s, s)
+      gid, lane = self.of[s]
+      if (gid, lane) not in geps:
+        geps[gid, lane] = UOp(UOps.GEP, s.dtype, (vec[gid],), lane)
+        out.append(geps[gid, lane])
+      return geps[gid, lane]
+
+    for i, u in enumerate(self.uops):
+      if self.packed(u):
+        if i in at: self.emit_group(at[i], vec, scalar, out)
+        continue
+      src = tuple(scalar(s) for s in u.src)
+      nu = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
+      new[u] = nu
+      out.append(nu)
+    return out
+
+  def emit_group(self, gid: int, vec: dict[int, UOp], scalar: Any, out: list[UOp]) -> None:
+    g, w = self.groups[gid], self.width
+    m0 = g.members[0]
+    dt: DType = (m0.src[2].dtype if g.kind == "store" else m0.dtype)  # type: ignore[assignment]
+    vdt = dt.vec(w)
+    if g.kind == "load": v = UOp(UOps.LOAD, vdt, (scalar(m0.src[0]), scalar(m0.src[1])))
+    elif g.kind == "acc": v = UOp(UOps.DEFINE_ACC, vdt, tuple(scalar(s) for s in m0.src), m0.arg)
+    elif g.kind == "phi": v = UOp(UOps.PHI, vdt, (vec[self.of[m0.src[0]][0]], vec[self.of[m0.src[1]][0]]))
+    elif g.kind == "store": v = UOp(UOps.STORE, None, (scalar(m0.src[0]), scalar(m0.src[1]), vec[self.of[m0.src[2]][0]]))
+    else:
+      srcs = []
+      for p in g.parts:
+        if p[0] != "s": srcs.append(vec[p[1]])
+        elif p[1].op is UOps.CONST: srcs.append(UOp(UOps.CONST, vdt, (), p[1].arg))
+        else:
+          b = UOp(UOps.VECTORIZE, vdt, (scalar(p[1]),) * w)
+          out.append(b)
+          srcs.append(b)
+      v = UOp(UOps.ALU, vdt, tuple(srcs), m0.arg)
+    vec[gid] = v
+    out.append(v)
+
+def pack_lanes(uops: list[UOp], width: int) -> list[UOp]:
+  """uops with groups of `width` scalar lanes packed into vector ops (see the module docstring)."""
+  if width < 2: return uops
+  p = _Packer(uops, width)
+  p.find_loads()
+  if not p.groups: return uops
+  while p.step(): pass
+  p.prune()
+  return p.rewrite()

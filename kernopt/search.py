@@ -1,0 +1,635 @@
+"""Beam search over Opts, timed on a device and validated against the unoptimized kernel, and the tuning cache that
+remembers its results (on disk; exportable as one JSON file). Candidates are rendered and compiled in worker
+processes of any concurrent.futures.Executor, then timed one at a time here. Uses numpy and kernopt.runtime;
+tqdm (progress) and dask (tune_all on a cluster) only when present and asked for."""
+from __future__ import annotations
+import concurrent.futures as cf
+import dataclasses
+import hashlib
+import json
+import math
+import multiprocessing
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Optional, Sequence
+import numpy as np
+import kernopt
+from kernopt import ops
+from kernopt.dtype import DType, ImageDType, dtypes
+from kernopt.errors import KernelOptError, KernoptError
+from kernopt.helpers import ansistrip, config_override, diskcache_get, diskcache_items, diskcache_put, getconfig, prod
+from kernopt.kernel import Kernel, Opt, OptOps
+from kernopt.ops import BufferOps, LazyOp, MemBuffer
+from kernopt.renderers import Program, Renderer
+from kernopt.runtime import Buffer, Compiled, CompiledRunner, Device, np_dtype
+from kernopt.shape.symbolic import sym_infer
+
+TUNING_TABLE = "tuning"
+EXPORT_FORMAT = "kernopt-tuning"
+EXPORT_VERSION = 1
+KEY_VERSION = 1   # bump when the meaning of a tuning entry changes
+
+# the action space: amounts tried for each kind of Opt (0: the whole axis)
+UPCAST_AMTS = (0, 2, 3, 4, 5, 7)
+UNROLL_AMTS = (0, 2, 3, 4, 5, 7)
+LOCAL_AMTS = (2, 3, 4, 8, 13, 16, 29)
+GROUP_AMTS = (0, 4, 8, 16)
+PADTO_AMTS = (32,)
+TC_AXES = 9
+
+# test hook: when set, every candidate's Program passes through it before it is compiled in this process
+_corrupt: Optional[Callable[[Kernel, Program], Program]] = None
+
+@dataclass(frozen=True)
+class SearchConfig:
+  """How a search runs. `beam` (None: the BEAM knob, else 2) candidates survive each round; the search stops when a
+  round improves the best time by less than `min_progress` (relative), after `max_rounds`, or when `time_budget_s`
+  (None: unlimited) is spent, returning the best kernel found so far. Each candidate runs `repeats` times (the
+  minimum counts; more runs while they span under `min_time_s`), fewer when its first run is over `cutoff` times the best so far. With `validate`, a candidate
+  can only win after its outputs on seeded random inputs match the unoptimized kernel's. Candidates are rendered and
+  compiled by `executor` when given, else by a private pool of `workers` processes (0: in this process)."""
+  beam: Optional[int] = None
+  time_budget_s: Optional[float] = None
+  validate: bool = True
+  repeats: int = 3
+  max_rounds: int = 12
+  executor: Optional[cf.Executor] = field(default=None, compare=False)
+  workers: int = 2
+  progress: bool = True
+  cutoff: float = 3.0
+  min_time_s: float = 0.001
+  min_progress: float = 0.01
+  max_upcast_size: int = 256    # product of the upcasted axes
+  max_local_size: int = 1024    # threads in a workgroup (also capped by the dialect's max_local_size)
+  seed: int = 0
+
+  @property
+  def width(self) -> int: return self.beam if self.beam is not None else (getconfig().BEAM or 2)
+
+@dataclass
+class SearchStats:
+  """What a search did: candidates compiled, timed, validated, rejected by validation, failed to build or run,
+  pruned by device limits; rounds; wall seconds; whether the budget cut it short; whether it was a cache hit."""
+  compiled: int = 0
+  timed: int = 0
+  validated: int = 0
+  rejected: int = 0
+  failed: int = 0
+  pruned: int = 0
+  rounds: int = 0
+  wall_s: float = 0.0
+  out_of_budget: bool = False
+  cache_hit: bool = False
+
+@dataclass(frozen=True)
+class SearchResult:
+  """The best kernel found and its time; `baseline_s` is the standard protocol's (hand-coded) time in the same
+  search (inf when the search started from a kernel that already had opts)."""
+  kernel: Kernel
+  time_s: float
+  baseline_s: float
+  validated: bool
+  stats: SearchStats
+
+# ***** Opts as plain data *****
+
+def opt_to_json(o: Opt) -> list[Any]: return [o.op.name, o.axis, o.amt]
+
+def opt_from_json(x: Sequence[Any]) -> Opt:
+  """[op name, axis, amt] -> Opt; raises KernelOptError on an unknown op name."""
+  if len(x) != 3 or x[0] not in OptOps.__members__: raise KernelOptError(f"not a serialized Opt: {x!r}")
+  return Opt(OptOps[x[0]], x[1], x[2])
+
+# ***** the action space *****
+
+def actions(k: Kernel) -> list[Opt]:
+  """Every Opt the search tries on k: upcasts, unrolls, locals, groups, pads, NOLOCALS and tensor cores (at the
+  TC_OPT level) over k's axes. Many are refused by apply_opt; that is how validity is decided."""
+  n, r = k.shape_len, max(k.shape_len - k.first_reduce, 0)
+  ret = [Opt(OptOps.UPCAST, ax, amt) for amt in UPCAST_AMTS for ax in range(k.first_reduce)]
+  ret += [Opt(OptOps.UNROLL, ax, amt) for amt in UNROLL_AMTS for ax in range(r)]
+  if k.opts.has_local:
+    ret += [Opt(OptOps.LOCAL, ax, amt) for amt in LOCAL_AMTS for ax in range(k.first_reduce)]
+    if k.opts.has_shared:
+      ret += [Opt(op, ax, amt) for op in (OptOps.GROUP, OptOps.GROUPTOP) for amt in GROUP_AMTS for ax in range(r)]
+    ret.append(Opt(OptOps.NOLOCALS))
+  ret += [Opt(OptOps.PADTO, ax, amt) for amt in PADTO_AMTS for ax in range(n)]
+  if k.opts.tensor_cores and not k.applied_opts:
+    ret += [Opt(OptOps.TC, ax, getconfig().TC_OPT) for ax in range(TC_AXES)]
+  return ret
+
+def _upcast_size(k: Kernel) -> int:
+  return prod(s for s in k.full_shape[k.shape_len - k.upcasted:] if isinstance(s, int))
+
+def _local_size(k: Kernel) -> int:
+  fr = k.first_reduce
+  return prod(s for s in k.full_shape[fr - k.local_dims:fr + k.group_for_reduces] if isinstance(s, int))
+
+def _shared_bytes(ast: LazyOp) -> int:
+  locals_ = {x.arg for x in ast.lazyops if x.op in BufferOps and isinstance(x.arg, MemBuffer) and x.arg.idx < 0}
+  return sum(prod(b.st.shape) * _itemsize(b.dtype) for b in locals_)
+
+def _itemsize(dt: DType) -> int: return dt.base.itemsize if isinstance(dt, ImageDType) else dt.itemsize
+
+def _over_limits(k: Kernel, ast: LazyOp, cfg: SearchConfig) -> bool:
+  r = k.opts
+  return _upcast_size(k) > cfg.max_upcast_size or _local_size(k) > min(cfg.max_local_size, r.max_local_size) or \
+         _shared_bytes(ast) > r.shared_max
+
+def expand(k: Kernel, cfg: SearchConfig, seen: set[str], stats: SearchStats) -> list[tuple[str, Kernel]]:
+  """The kernels one action away from k that are valid, within the device's limits and not in `seen` (optimized-AST
+  digests, updated in place), with their digests."""
+  ret = []
+  for a in actions(k):
+    if a.amt not in (None, 0) and a.axis is not None:
+      real = a.real_axis(k)
+      if real < k.shape_len and k.full_shape[real] == a.amt: continue  # the same as amt=0
+    k2 = k.copy()
+    try:
+      k2.apply_opt(a)
+      ast = k2.get_optimized_ast()
+    except KernoptError: continue
+    digest = ops.ast_digest(ast)
+    if digest in seen: continue
+    seen.add(digest)
+    if _over_limits(k2, ast, cfg):
+      stats.pruned += 1
+      continue
+    ret.append((digest, k2))
+  return ret
+
+# ***** rendering and compiling, possibly in another process *****
+
+@dataclass(frozen=True)
+class _RenderTask:
+  ast: dict
+  digest: str
+  opts: tuple[Opt, ...]
+  renderer: Renderer
+  device: Optional[tuple[str, tuple]]   # (name, options) to precompile into the on-disk cache, or None
+  knobs: dict
+  keep_uops: bool
+
+_ast_memo: dict[str, LazyOp] = {}
+
+def _decode(ast_json: dict, digest: str) -> LazyOp:
+  if (ast := _ast_memo.get(digest)) is None:
+    if len(_ast_memo) > 64: _ast_memo.clear()
+    ast = _ast_memo[digest] = ops.ast_from_json(ast_json)
+  return ast
+
+def _render_task(task: _RenderTask) -> tuple[Optional[Program], str]:
+  """Worker side: rebuild the kernel, apply the opts, render, and precompile into the disk cache when asked.
+  Returns (Program, "") or (None, why it failed)."""
+  with config_override(**task.knobs):
+    try:
+      k = Kernel(_decode(task.ast, task.digest), opts=task.renderer)
+      for o in task.opts: k.apply_opt(o)
+      prg = k.to_program()
+      if task.device is not None: Device.open(task.device[0], **dict(task.device[1])).compile(prg)
+      return (prg if task.keep_uops else dataclasses.replace(prg, uops=None)), ""
+    except Exception as e:  # a codegen bug must cost one candidate, not the search
+      return None, f"{type(e).__name__}: {e}"
+
+def _device_spec(dev: Compiled) -> Optional[tuple[str, tuple]]:
+  """(name, options) that reopen dev with Device.open in another process, or None if dev wasn't opened that way."""
+  for (name, options), d in getattr(Device, "_open", {}).items():
+    if d is dev: return name, options
+  return None
+
+def _knobs() -> dict[str, Any]:
+  cfg = getconfig()
+  ret = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+  if not ret["CACHE_DIR"]: del ret["CACHE_DIR"]  # a remote worker keeps its own default
+  return ret
+
+def _pool(workers: int) -> cf.ProcessPoolExecutor:
+  methods = multiprocessing.get_all_start_methods()
+  ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")  # never fork
+  return cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
+
+# ***** validation *****
+
+_TOL = {dtypes.half: 1e-2, dtypes.bfloat16: 1e-2, dtypes.float: 1e-3, dtypes.double: 1e-6}
+
+def tolerance(dt: DType) -> float:
+  """rtol = atol for comparing an output of dtype dt with the unoptimized kernel's: 0 (exact) for ints and bool."""
+  dt = dt.base if isinstance(dt, ImageDType) else dt.scalar()
+  return _TOL.get(dt, 0.0)
+
+def random_array(dt: DType, size: int, rng: np.random.Generator) -> np.ndarray:
+  """size seeded random values of dt in its storage type: floats in [-1, 1), ints in [-8, 8) (unsigned [0, 16)),
+  bool; bfloat16 as bit patterns."""
+  base = dt.base if isinstance(dt, ImageDType) else dt.scalar()
+  if base == dtypes.bfloat16:
+    return (rng.uniform(-1, 1, size).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+  npdt = np_dtype(base)
+  if npdt == np.bool_: return rng.integers(0, 2, size).astype(np.bool_)
+  if npdt.kind == "f": return rng.uniform(-1, 1, size).astype(npdt)
+  if npdt.kind == "u": return rng.integers(0, 16, size).astype(npdt)
+  return rng.integers(-8, 8, size).astype(npdt)
+
+def _as_float(a: np.ndarray, dt: DType) -> np.ndarray:
+  base = dt.base if isinstance(dt, ImageDType) else dt.scalar()
+  if base == dtypes.bfloat16: return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
+  return a
+
+class Validator:
+  """Seeded random buffers (its own, so the caller's data is never needed nor overwritten by validation) and the
+  outputs the unoptimized kernel writes into them; `check(runner)` compares a candidate's outputs with those."""
+  def __init__(self, kernel: Kernel, dev: Compiled, var_vals: dict, sizes: Optional[Sequence[int]], seed: int):
+    self.dev, self.var_vals = dev, var_vals
+    ref = _reference_kernel(kernel)
+    self.program = ref.to_program()
+    rng = np.random.default_rng(seed)
+    n = sizes if sizes is not None else [sym_infer(a.min_size, {v: v.max for v in self.program.vars})
+                                         for a in self.program.args]
+    self.args = self.program.args
+    self.start = [random_array(a.dtype, sz, rng) for a, sz in zip(self.args, n)]
+    self.bufs = [Buffer(dev.name, sz, a.dtype).copyin(x) for a, sz, x in zip(self.args, n, self.start)]
+    dev.compile(self.program)(*self.bufs, var_vals=var_vals, wait=True)
+    self.expected = {i: b.numpy() for i, (a, b) in enumerate(zip(self.args, self.bufs)) if a.writable}
+
+  def check(self, runner: CompiledRunner) -> Optional[str]:
+    """None if runner's outputs match the reference's, else what differs."""
+    for i in self.expected: self.bufs[i].copyin(self.start[i])
+    runner(*self.bufs, var_vals=self.var_vals, wait=True)
+    for i, want in self.expected.items():
+      got, dt = self.bufs[i].numpy(), self.args[i].dtype
+      tol = tolerance(dt)
+      if tol == 0.0:
+        if not np.array_equal(got, want): return f"buffer {self.args[i].idx}: {int((got != want).sum())} elements differ"
+        continue
+      g, w = _as_float(got, dt).astype(np.float64), _as_float(want, dt).astype(np.float64)
+      if not np.allclose(g, w, rtol=tol, atol=tol, equal_nan=True):
+        bad = ~np.isclose(g, w, rtol=tol, atol=tol, equal_nan=True)
+        return f"buffer {self.args[i].idx}: {int(bad.sum())} elements differ, max abs error {np.nanmax(np.abs(g - w))}"
+    return None
+
+def _reference_kernel(kernel: Kernel) -> Kernel:
+  """The kernel with no Opts beyond the required ones (the start kernel if that can't be built)."""
+  try:
+    ref = Kernel(kernel.ast, opts=kernel.opts).required_optimizations()
+    ref.get_optimized_ast()
+    return ref
+  except KernoptError: return kernel.copy()
+
+# ***** progress *****
+
+class _Progress:
+  """tqdm on stderr when installed, else one plain line per round; nothing when off."""
+  def __init__(self, on: bool, name: str):
+    self.on, self.name, self.bar = on, name, None
+    if on:
+      try:
+        from tqdm import tqdm
+        self.bar = tqdm(desc=f"search {name}", file=sys.stderr, leave=False, unit="cand")
+      except ImportError: pass
+
+  def round(self, rnd: int, n: int, best: float) -> None:
+    if not self.on: return
+    if self.bar is not None:
+      self.bar.reset(total=n)
+      self.bar.set_description(f"search round {rnd}, best {best * 1e6:.1f} us")
+    else: print(f"search {self.name}: round {rnd}, best {best * 1e6:.1f} us, {n} candidates", file=sys.stderr)
+
+  def step(self) -> None:
+    if self.bar is not None: self.bar.update(1)
+
+  def close(self, best: float, stats: SearchStats) -> None:
+    if not self.on: return
+    if self.bar is not None: self.bar.close()
+    print(f"search {self.name}: best {best * 1e6:.1f} us after {stats.rounds} rounds, {stats.compiled} compiled, "
+          f"{stats.timed} timed, {stats.wall_s:.1f} s", file=sys.stderr)
+
+# ***** the search *****
+
+@dataclass
+class _Cand:
+  digest: str
+  kernel: Kernel
+  runner: Optional[CompiledRunner] = None
+  time_s: float = math.inf
+  valid: Optional[bool] = None
+
+class _Search:
+  def __init__(self, kernel: Kernel, buffers: Optional[Sequence[Buffer]], cfg: SearchConfig, var_vals: Optional[dict],
+               device: Optional[Compiled]):
+    self.kernel, self.cfg = kernel, cfg
+    self.dev = _device(kernel, buffers, device)
+    self.stats = SearchStats()
+    self.t0 = time.perf_counter()
+    self.deadline = self.t0 + cfg.time_budget_s if cfg.time_budget_s is not None else math.inf
+    self.grace_deadline = self.deadline + 0.1 * cfg.time_budget_s if cfg.time_budget_s is not None else math.inf
+    self.var_vals = dict(var_vals) if var_vals is not None else {v.expr: (v.min + v.max) // 2 for v in kernel.vars}
+    self.validator: Optional[Validator] = None
+    sizes = [b.size for b in buffers] if buffers else None
+    if cfg.validate or not buffers: self.validator = Validator(kernel, self.dev, self.var_vals, sizes, cfg.seed)
+    self.bufs = list(buffers) if buffers else self.validator.bufs  # type: ignore[union-attr]
+    self.executor, self.own_executor = cfg.executor, False
+    self.ast_json = ops.ast_to_json(kernel.ast)
+    self.ast_digest = ops.ast_digest(kernel.ast)
+    self.progress = _Progress(cfg.progress, ansistrip(kernel.name))
+    self.best_time = math.inf
+
+  def out_of_time(self, grace: bool = False) -> bool:
+    """True once the budget is spent; with grace (timing and validating what is already built, which is cheap next
+    to building), a tenth of the budget later."""
+    now = time.perf_counter()
+    if now >= self.deadline: self.stats.out_of_budget = True
+    return now >= self.grace_deadline if grace else self.stats.out_of_budget
+
+  # -- build --
+  def build(self, cands: list[_Cand], force: bool = False) -> list[_Cand]:
+    """Render and compile cands (in workers when there are any); those that fail are dropped."""
+    if self.executor is None and self.cfg.workers > 0 and len(cands) > 1 and self.dev.name != "PYTHON":
+      self.executor, self.own_executor = _pool(self.cfg.workers), True
+    if self.executor is None:
+      programs = []
+      for c in cands:
+        if not force and self.out_of_time(): break
+        try: programs.append((c, c.kernel.copy().to_program(), ""))
+        except Exception as e: programs.append((c, None, f"{type(e).__name__}: {e}"))
+    else:
+      try: programs = self._build_remote(cands, force)
+      except cf.BrokenExecutor as e:  # e.g. a script without `if __name__ == "__main__":` under spawn/forkserver
+        warnings.warn(f"search: the executor broke ({e}); building candidates in this process", RuntimeWarning)
+        self._drop_executor()
+        return self.build(cands, force)
+    ret = []
+    for c, prg, err in programs:
+      if prg is not None and _corrupt is not None: prg = _corrupt(c.kernel, prg)
+      if prg is not None:
+        try: c.runner = self.dev.compile(prg)
+        except KernoptError as e: prg, err = None, f"{type(e).__name__}: {e}"
+      if prg is None:
+        self.stats.failed += 1
+        if getconfig().DEBUG >= 2: print(f"search: {list(c.kernel.applied_opts)} failed: {err}", file=sys.stderr)
+        continue
+      self.stats.compiled += 1
+      ret.append(c)
+    return ret
+
+  def _build_remote(self, cands: list[_Cand], force: bool) -> list[tuple[_Cand, Optional[Program], str]]:
+    spec = _device_spec(self.dev) if hasattr(self.dev, "so_path") else None
+    knobs = _knobs()
+    assert self.executor is not None
+    futs = {self.executor.submit(_render_task, _RenderTask(self.ast_json, self.ast_digest, c.kernel.applied_opts,
+                                                           c.kernel.opts, spec, knobs, self.dev.name == "PYTHON")): c
+            for c in cands}
+    timeout = None if force or self.deadline == math.inf else max(self.deadline - time.perf_counter(), 0.0)
+    done, pending = cf.wait(futs, timeout=timeout)
+    for f in pending: f.cancel()
+    if pending: self.stats.out_of_budget = True
+    ret = []
+    for f in done:
+      try: prg, err = f.result()
+      except cf.BrokenExecutor: raise
+      except Exception as e: prg, err = None, f"{type(e).__name__}: {e}"
+      ret.append((futs[f], prg, err))
+    return ret
+
+  # -- measure --
+  def time_all(self, cands: list[_Cand], force: bool = False) -> list[_Cand]:
+    """Time each candidate (min of repeats; one run when clearly slower than the best); fastest first."""
+    ret = []
+    for c in cands:
+      if not force and self.out_of_time(grace=True): break
+      assert c.runner is not None
+      try: c.time_s = self._measure(c.runner)
+      except KernoptError as e:
+        self.stats.failed += 1
+        if getconfig().DEBUG >= 2: print(f"search: {list(c.kernel.applied_opts)} failed to run: {e}", file=sys.stderr)
+        continue
+      self.stats.timed += 1
+      self.best_time = min(self.best_time, c.time_s)
+      self.progress.step()
+      ret.append(c)
+    return sorted(ret, key=lambda c: c.time_s)
+
+  def _measure(self, runner: CompiledRunner) -> float:
+    """The minimum of at least `repeats` runs spread over at least `min_time_s` (a preempted run is an outlier, not
+    the answer); one run when it is over `cutoff` times the best so far."""
+    best, runs, st = math.inf, 0, time.perf_counter()
+    while True:
+      t = runner(*self.bufs, var_vals=self.var_vals, wait=True)
+      best, runs = min(best, t if t is not None else math.inf), runs + 1
+      if best > self.cfg.cutoff * self.best_time or runs >= 64 * self.cfg.repeats: break
+      if runs >= self.cfg.repeats and time.perf_counter() - st >= self.cfg.min_time_s: break
+    return best
+
+  def winners(self, timed: list[_Cand], n: int, force: bool = False) -> list[_Cand]:
+    """The n fastest candidates that pass validation (every candidate passes when validation is off)."""
+    ret = []
+    for c in timed:
+      if len(ret) >= n or (not force and self.out_of_time(grace=True)): break
+      if self.validator is not None and self.cfg.validate and c.valid is None:
+        assert c.runner is not None
+        why = self.validator.check(c.runner)
+        self.stats.validated += 1
+        c.valid = why is None
+        if why is not None:
+          self.stats.rejected += 1
+          warnings.warn(f"search: candidate {list(c.kernel.applied_opts)} of AST {self.ast_digest[:16]} (optimized AST "
+                        f"{c.digest[:16]}) differs from the unoptimized kernel: {why}; dropped", RuntimeWarning)
+      if c.valid is not False: ret.append(c)
+    return ret
+
+  def _drop_executor(self) -> None:
+    if self.own_executor and self.executor is not None: self.executor.shutdown(wait=True, cancel_futures=True)
+    self.executor, self.own_executor = None, False
+    self.cfg = dataclasses.replace(self.cfg, executor=None, workers=0)
+
+  def run(self) -> SearchResult:
+    try: return self._run()
+    finally: self._drop_executor()
+
+  def _run(self) -> SearchResult:
+    cfg, width = self.cfg, max(self.cfg.width, 1)
+    seen: set[str] = set()
+    start = _Cand(ops.ast_digest(self.kernel.get_optimized_ast()), self.kernel.copy())
+    seen.add(start.digest)
+    seeds = [start]
+    baseline: Optional[_Cand] = None
+    if not self.kernel.applied_opts:
+      hc = self.kernel.copy()
+      try:
+        if not hc.apply_tensor_cores(): hc.hand_coded_optimizations()
+        baseline = _Cand(ops.ast_digest(hc.get_optimized_ast()), hc)
+        if baseline.digest in seen: baseline = start
+        else: seeds.append(baseline)
+        seen.add(baseline.digest)
+      except KernoptError: baseline = None
+    # round 0 (the start and the standard protocol) always completes, whatever the budget
+    timed = self.time_all(self.build(seeds, force=True), force=True)
+    beam = self.winners(timed, width, force=True)
+    best = beam[0] if beam else start
+    rnd = 0
+    while beam and rnd < cfg.max_rounds and not self.out_of_time():
+      rnd += 1
+      cands = [_Cand(d, k) for c in beam for d, k in expand(c.kernel, cfg, seen, self.stats)]
+      if not cands: break
+      self.progress.round(rnd, len(cands), best.time_s)
+      timed = self.time_all(self.build(cands))
+      new = self.winners(timed, width)
+      self.stats.rounds = rnd
+      if new and new[0].time_s < best.time_s: improved, best = new[0].time_s < best.time_s * (1 - cfg.min_progress), new[0]
+      else: improved = False
+      if not improved: break
+      beam = new
+    self.stats.wall_s = time.perf_counter() - self.t0
+    self.progress.close(best.time_s, self.stats)
+    valid = bool(cfg.validate and self.validator is not None and best.valid)
+    base_t = baseline.time_s if baseline is not None else math.inf
+    return SearchResult(best.kernel, best.time_s, base_t, valid, self.stats)
+
+def _device(kernel: Kernel, buffers: Optional[Sequence[Buffer]], device: Optional[Compiled]) -> Compiled:
+  if device is not None: return device
+  return buffers[0].dev if buffers else Device[kernel.opts.device]
+
+def search(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None, config: Optional[SearchConfig] = None,
+           var_vals: Optional[dict] = None, device: Optional[Compiled] = None) -> SearchResult:
+  """Beam search from kernel's current Opts (and, when it has none, also from the standard protocol's choice, so the
+  result is never slower than hand-coded as measured here). Timed on `buffers` (in MemBuffer index order; their
+  outputs are overwritten) or on seeded random buffers when None, on `device` (default: the buffers' device, else
+the kernel's dialect's). var_vals default to each variable's midpoint. TC_OPT is 2 during the search. No cache."""
+  cfg = config if config is not None else SearchConfig()
+  with config_override(TC_OPT=2):
+    return _Search(kernel, buffers, cfg, var_vals, device).run()
+
+def beam_search(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None, config: Optional[SearchConfig] = None,
+                var_vals: Optional[dict] = None, device: Optional[Compiled] = None) -> Kernel:
+  """The best kernel `search` finds (a new Kernel; `kernel` is unchanged). Never consults the tuning cache: use
+  `search_or_cached` for that."""
+  return search(kernel, buffers, config, var_vals, device).kernel
+
+# ***** the tuning cache *****
+
+def tuning_key(kernel: Kernel, device: Optional[Compiled] = None, config: Optional[SearchConfig] = None) -> str:
+  """The tuning-cache key: everything that can change a search's result. The AST's digest and the kernel's starting
+  Opts, the dialect's capabilities, the device's compiler id (compiler, version, flags, ISA), the search fields that
+  change what may win (beam width, validation), the knobs that change codegen, and kernopt's version."""
+  cfg = config if config is not None else SearchConfig()
+  dev = device if device is not None else Device[kernel.opts.device]
+  knobs = getconfig()
+  material = {"key": KEY_VERSION, "ast": ops.ast_digest(kernel.ast), "start": [opt_to_json(o) for o in kernel.applied_opts],
+              "renderer": kernel.opts.capabilities(), "device": dev.name, "compiler": dev.compiler_id(),
+              "beam": cfg.width, "validate": cfg.validate, "use_tc": knobs.USE_TC, "nolocals": knobs.NOLOCALS,
+              "kernopt": kernopt.__version__}
+  return "tune-" + hashlib.sha256(json.dumps(material, sort_keys=True, default=repr).encode()).hexdigest()
+
+def _usable(entry: Any, cfg: SearchConfig) -> bool:
+  """A complete search's entry always serves; one cut short by its budget only serves requests with no more budget."""
+  if not isinstance(entry, dict) or not isinstance(entry.get("opts"), list): return False
+  if entry.get("complete", True): return True
+  return cfg.time_budget_s is not None and cfg.time_budget_s <= entry.get("budget_s", 0.0)
+
+def _reapply(kernel: Kernel, opts: list) -> Optional[Kernel]:
+  """kernel's copy with the stored opts beyond its own applied; None if they don't apply."""
+  try:
+    stored = [opt_from_json(o) for o in opts]
+    n = len(kernel.applied_opts)
+    if tuple(stored[:n]) != kernel.applied_opts: return None
+    k = kernel.copy()
+    for o in stored[n:]: k.apply_opt(o)
+    return k
+  except (KernoptError, TypeError): return None
+
+def _entry(res: SearchResult, cfg: SearchConfig, dev: Compiled) -> dict[str, Any]:
+  return {"opts": [opt_to_json(o) for o in res.kernel.applied_opts], "validated": res.validated, "time_s": res.time_s,
+          "baseline_s": res.baseline_s if math.isfinite(res.baseline_s) else None, "searched_at": time.time(),
+          "complete": not res.stats.out_of_budget, "budget_s": cfg.time_budget_s, "imported": False,
+          "device": dev.name, "kernel": res.kernel.name, "compiled": res.stats.compiled, "timed": res.stats.timed}
+
+def lookup(kernel: Kernel, device: Optional[Compiled] = None, config: Optional[SearchConfig] = None) -> Optional[dict]:
+  """The tuning-cache entry for kernel on device under config, or None."""
+  return diskcache_get(TUNING_TABLE, tuning_key(kernel, device, config))
+
+def search_or_cached(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None, config: Optional[SearchConfig] = None,
+                     var_vals: Optional[dict] = None, device: Optional[Compiled] = None) -> Kernel:
+  """The tuned kernel: a cache hit re-applies the stored Opts (milliseconds; an imported entry is validated on
+  first use); a miss searches and stores the result."""
+  cfg = config if config is not None else SearchConfig()
+  dev = _device(kernel, buffers, device)
+  with config_override(TC_OPT=2):
+    key = tuning_key(kernel, dev, cfg)
+  entry = diskcache_get(TUNING_TABLE, key)
+  if _usable(entry, cfg) and (k := _reapply(kernel, entry["opts"])) is not None:
+    if not (entry.get("imported") and not entry.get("validated") and cfg.validate): return k
+    sizes = [b.size for b in buffers] if buffers else None
+    vv = dict(var_vals) if var_vals is not None else {v.expr: (v.min + v.max) // 2 for v in kernel.vars}
+    why = Validator(kernel, dev, vv, sizes, cfg.seed).check(dev.compile(k.to_program()))
+    if why is None:
+      diskcache_put(TUNING_TABLE, key, {**entry, "validated": True, "imported": False})
+      return k
+    warnings.warn(f"search: imported tuning entry {list(entry['opts'])} for AST {ops.ast_digest(kernel.ast)[:16]} "
+                  f"fails validation ({why}); searching again", RuntimeWarning)
+  res = search(kernel, buffers, cfg, var_vals, dev)
+  diskcache_put(TUNING_TABLE, key, _entry(res, cfg, dev))
+  return res.kernel
+
+def export_cache(path: str) -> int:
+  """Write every tuning entry to one JSON file {"format", "version", "entries": {key: entry}}; returns the count."""
+  entries = {k: v for k, v in diskcache_items(TUNING_TABLE) if isinstance(v, dict)}
+  with open(path, "w") as f:
+    json.dump({"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
+  return len(entries)
+
+def import_cache(path: str) -> int:
+  """Merge a file written by export_cache into this cache, each entry marked imported (validated on first use); a
+  local validated entry is kept. Returns the number of entries taken."""
+  with open(path) as f: data = json.load(f)
+  if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT or data.get("version") != EXPORT_VERSION:
+    raise ValueError(f"{path} is not a kernopt tuning export (format {EXPORT_FORMAT!r}, version {EXPORT_VERSION})")
+  n = 0
+  for key, entry in data.get("entries", {}).items():
+    if not isinstance(entry, dict) or not isinstance(entry.get("opts"), list): continue
+    old = diskcache_get(TUNING_TABLE, key)
+    if isinstance(old, dict) and old.get("validated") and not old.get("imported"): continue
+    diskcache_put(TUNING_TABLE, key, {**entry, "imported": True, "validated": False})
+    n += 1
+  return n
+
+# ***** many kernels, possibly on a cluster *****
+
+def _tune_task(ast_json: dict, device: str, device_options: tuple, cfg: SearchConfig,
+               knobs: dict) -> tuple[str, str, dict]:
+  """Worker side of tune_all: search one AST fully (building and timing here), return (digest, key, entry)."""
+  with config_override(**knobs):
+    dev = Device.open(device, **dict(device_options))
+    k = Kernel(ops.ast_from_json(ast_json), opts=dev.renderer)
+    res = search(k, None, cfg, None, dev)
+    with config_override(TC_OPT=2):
+      key = tuning_key(k, dev, cfg)
+    entry = _entry(res, cfg, dev)
+    diskcache_put(TUNING_TABLE, key, entry)
+    return ops.ast_digest(k.ast), key, entry
+
+def tune_all(asts: Iterable[LazyOp], device: str = "CPU", executor: Optional[cf.Executor] = None,
+             config: Optional[SearchConfig] = None, device_options: Optional[dict] = None) -> dict[str, list[Opt]]:
+  """Tune every AST (from no Opts) and merge the results into this process's tuning cache; returns {AST digest:
+  Opts}. One task searches one AST completely, compiling in-process and timing on its worker's own device, so two
+  tasks on one machine time at once: a local executor should have one worker. A dask.distributed cluster's
+  `client.get_executor()` works; an AST already in the cache is not searched again."""
+  cfg = dataclasses.replace(config if config is not None else SearchConfig(), executor=None, workers=0,
+                            progress=False if executor is not None else (config.progress if config else False))
+  opts_t = tuple(sorted((device_options or {}).items()))
+  dev = Device.open(device, **dict(opts_t))
+  ret: dict[str, list[Opt]] = {}
+  todo = []
+  for ast in asts:
+    k = Kernel(ast, opts=dev.renderer)
+    with config_override(TC_OPT=2):
+      entry = diskcache_get(TUNING_TABLE, tuning_key(k, dev, cfg))
+    if _usable(entry, cfg) and _reapply(k, entry["opts"]) is not None:
+      ret[ops.ast_digest(ast)] = [opt_from_json(o) for o in entry["opts"]]
+    else: todo.append(ast)
+  tasks = [(ops.ast_to_json(ast), dev.name, opts_t, cfg, _knobs()) for ast in todo]
+  if executor is None: results = [_tune_task(*t) for t in tasks]
+  else: results = [f.result() for f in [executor.submit(_tune_task, *t) for t in tasks]]
+  for digest, key, entry in results:
+    diskcache_put(TUNING_TABLE, key, entry)
+    ret[digest] = [opt_from_json(o) for o in entry["opts"]]
+  return ret
