@@ -107,11 +107,11 @@ def test_tolerances_and_random_inputs():
 def test_expand_prunes_and_deduplicates():
   k = kernel_of("matmul_64")
   seen, stats = set(), S.SearchStats()
-  cands = S.expand(k, S.SearchConfig(max_upcast_size=4), seen, stats)
+  cands = S.expand(k, S.SearchConfig(max_upcast_size=2), seen, stats)
   assert cands and stats.pruned > 0
-  assert all(S._upcast_size(c) <= 4 for _, c in cands)
+  assert all(S._upcast_size(c) <= 2 for _, c in cands)
   assert len({d for d, _ in cands}) == len(cands)
-  assert S.expand(k, S.SearchConfig(max_upcast_size=4), seen, stats) == []  # everything already seen
+  assert S.expand(k, S.SearchConfig(max_upcast_size=2), seen, stats) == []  # everything already seen
   acts = S.actions(k)
   assert Opt(OptOps.UPCAST, 0, 7) in acts and Opt(OptOps.UNROLL, 0, 0) in acts and Opt(OptOps.PADTO, 2, 32) in acts
   assert not any(a.op is OptOps.LOCAL for a in acts)  # the C dialect has no local threads

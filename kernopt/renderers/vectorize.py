@@ -15,7 +15,7 @@ VECTOR_DTYPES = frozenset((dtypes.float32,))
 
 @dataclass
 class _Group:
-  kind: str                       # "load" | "alu" | "acc" | "phi" | "store"
+  kind: str                       # "load" | "gather" | "alu" | "acc" | "phi" | "store"
   members: tuple[UOp, ...]        # lane l is members[l]
   parts: tuple[Any, ...] = ()     # alu: per operand ("v", group id) | ("s", scalar uop) | ("a", acc group id)
   deps: set[int] = field(default_factory=set)
@@ -68,12 +68,13 @@ class _Packer:
     return ret
 
   def find_loads(self) -> None:
+    """Contiguous ungated loads become one vector load; contiguous gated ones (padding) a gather of the scalars."""
     by_key: dict[Any, dict[int, UOp]] = {}
     for u in self.uops:
-      if u.op is UOps.LOAD and len(u.src) == 2 and u.dtype in VECTOR_DTYPES and _plain_global(u.src[0]):
+      if u.op is UOps.LOAD and len(u.src) in (2, 4) and u.dtype in VECTOR_DTYPES and _plain_global(u.src[0]):
         base, off = _base_offset(u.src[1])
-        by_key.setdefault((u.src[0], base, self.scope[u]), {})[off] = u
-    for members in self.contiguous(by_key): self.add("load", members)
+        by_key.setdefault((u.src[0], base, self.scope[u], len(u.src) == 4), {})[off] = u
+    for members in self.contiguous(by_key): self.add("gather" if len(members[0].src) == 4 else "load", members)
 
   def alu_key(self, u: UOp) -> Optional[tuple[Any, int]]:
     lane: Optional[int] = None
@@ -155,11 +156,16 @@ class _Packer:
 
   def packed(self, u: UOp) -> bool: return u in self.of and self.groups[self.of[u][0]].live
 
+  def replaced(self, u: UOp) -> bool:
+    """u is packed and dropped from the list (a gather keeps its scalar members)."""
+    return self.packed(u) and self.groups[self.of[u][0]].kind != "gather"
+
   def valid(self, gid: int) -> bool:
     g = self.groups[gid]
     if any(not self.groups[d].live for d in g.deps): return False
     sc = self.scope[g.members[0]]
     if any(self.scope[m] != sc for m in g.members): return False
+    if g.kind == "gather": return True
     at, vis = self.place(g), self.visible_scope(gid)
     for m in g.members:
       scalar = [x for x in self.users.get(m, []) if not self.packed(x)]
@@ -188,7 +194,7 @@ class _Packer:
     out: list[UOp] = []
 
     def scalar(s: UOp) -> UOp:
-      if not self.packed(s): return new.get(s, s)
+      if not self.replaced(s): return new.get(s, s)
       gid, lane = self.of[s]
       if (gid, lane) not in geps:
         geps[gid, lane] = UOp(UOps.GEP, s.dtype, (vec[gid],), lane)
@@ -196,13 +202,14 @@ class _Packer:
       return geps[gid, lane]
 
     for i, u in enumerate(self.uops):
-      if self.packed(u):
+      if self.replaced(u):
         if i in at: self.emit_group(at[i], vec, scalar, out)
         continue
       src = tuple(scalar(s) for s in u.src)
       nu = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
       new[u] = nu
       out.append(nu)
+      if i in at: self.emit_group(at[i], vec, scalar, out)
     return out
 
   def emit_group(self, gid: int, vec: dict[int, UOp], scalar: Any, out: list[UOp]) -> None:
@@ -211,6 +218,7 @@ class _Packer:
     dt: DType = (m0.src[2].dtype if g.kind == "store" else m0.dtype)  # type: ignore[assignment]
     vdt = dt.vec(w)
     if g.kind == "load": v = UOp(UOps.LOAD, vdt, (scalar(m0.src[0]), scalar(m0.src[1])))
+    elif g.kind == "gather": v = UOp(UOps.VECTORIZE, vdt, tuple(scalar(m) for m in g.members))
     elif g.kind == "acc": v = UOp(UOps.DEFINE_ACC, vdt, tuple(scalar(s) for s in m0.src), m0.arg)
     elif g.kind == "phi": v = UOp(UOps.PHI, vdt, (vec[self.of[m0.src[0]][0]], vec[self.of[m0.src[1]][0]]))
     elif g.kind == "store": v = UOp(UOps.STORE, None, (scalar(m0.src[0]), scalar(m0.src[1]), vec[self.of[m0.src[2]][0]]))

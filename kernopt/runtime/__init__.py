@@ -30,6 +30,8 @@ class Compiled:
   def _alloc(self, nbytes: int, dtype: DType) -> Any: raise NotImplementedError
   def _copyin(self, handle: Any, src: np.ndarray) -> None: raise NotImplementedError
   def _copyout(self, dst: np.ndarray, handle: Any) -> None: raise NotImplementedError
+  def _free(self, handle: Any) -> None:
+    """Release a buffer's memory; devices whose handles are garbage-collected need not override it."""
   def _compile(self, program: Program) -> Any:
     """Build program.src; return whatever _launch needs. Raise CompileError with the compiler's log."""
     raise NotImplementedError
@@ -110,6 +112,9 @@ class Buffer:
     out = np.empty(self.size, dtype=np_dtype(self.dtype))
     self.dev._copyout(out, self._handle)
     return out
+
+  def __del__(self) -> None:
+    if (handle := getattr(self, "_handle", None)) is not None: self.dev._free(handle)
 
   def __repr__(self) -> str: return f"Buffer({self.device!r}, {self.size}, {self.dtype})"
 

@@ -187,6 +187,7 @@ class CUDADevice(Compiled):
   # -- memory --
   def _alloc(self, nbytes: int, dtype: DType) -> Any:
     return _ok(self.drv.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})")
+  def _free(self, handle: Any) -> None: self.drv.cuMemFree(handle)
   def _copyin(self, handle: Any, src: np.ndarray) -> None:
     src = np.ascontiguousarray(src)
     _ok(self.drv.cuMemcpyHtoD(handle, src.ctypes.data, src.nbytes), "cuMemcpyHtoD")
