@@ -49,8 +49,7 @@ def test_every_op_dtype_is_spelled_or_refused_by_every_dialect(table):
 
 # spelled by the C-style base (kernopt/renderers/cstyle.py) on bool while ops.exec_alu / the interpreter refuse them;
 # the fix belongs in the base (refuse these ops on bool) and then this set becomes empty
-KNOWN_GAPS = {(op, dtypes.bool) for op in (UnaryOps.RECIP, BinaryOps.IDIV, BinaryOps.MOD, BinaryOps.SHL, BinaryOps.SHR,
-                                           TernaryOps.MULACC)}
+KNOWN_GAPS: set = set()
 
 def test_what_a_dialect_spells_the_interpreter_evaluates(table):
   gaps = {(op, dt) for (op, dt), srcs in table.items()

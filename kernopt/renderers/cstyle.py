@@ -71,6 +71,9 @@ def _mulacc(r: CStyleLanguage, dt: DType, a: str, b: str, c: str) -> str:
   if dt == dtypes.float32: return f"fma{r.math_suffix(dt)}({a}, {b}, {c})"
   return _wrap("+")(r, dt, _wrap("*")(r, dt, a, b), c)
 
+# arithmetic that has no meaning on bool (the interpreter refuses it too)
+_NO_BOOL_OPS = frozenset({UnaryOps.RECIP, BinaryOps.IDIV, BinaryOps.MOD, BinaryOps.SHL, BinaryOps.SHR, TernaryOps.MULACC})
+
 class CStyleLanguage(Renderer):
   """Base of the C-family dialects. To write a dialect, override:
   - attributes: kernel_prefix, buffer_prefix, buffer_suffix, arg_int_prefix, smem_prefix, barrier, helper_prefix,
@@ -268,6 +271,7 @@ class CStyleLanguage(Renderer):
     if dt.count > 1: raise UnsupportedError(f"{self.dialect_name} has no vector ALU ({op.name} on {dt})")
     spell, cdt = self.spelling(op), self.compute_dtype(dt)
     if spell is None: raise UnsupportedError(f"{self.dialect_name} can't spell {op.name}")
+    if dt == dtypes.bool and op in _NO_BOOL_OPS: raise UnsupportedError(f"{op.name} is not defined on bool")
     ret = spell.format(*srcs, t=self.render_dtype(cdt)) if isinstance(spell, str) else spell(self, cdt, *srcs)
     if dt in self.storage_floats and op not in self._exact_ops: ret = self.round_storage(ret, dt)
     return ret
