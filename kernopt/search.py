@@ -446,10 +446,12 @@ class _Search:
   def _confirm(self, best: _Cand, baseline: _Cand) -> _Cand:
     """best and the standard protocol's kernel timed again, interleaved: a winner by noise must not beat hand-coded."""
     assert best.runner is not None and baseline.runner is not None
+    t = {id(best): math.inf, id(baseline): math.inf}
     for _ in range(3):
-      for c in (best, baseline): c.time_s = min(c.time_s, self._measure(c.runner, cutoff=False))  # type: ignore
-    again = [self._measure(c.runner, cutoff=False) for c in (best, baseline) for _ in range(3)]  # type: ignore
-    return best if min(again[:3]) <= min(again[3:]) else baseline
+      for c in (best, baseline): t[id(c)] = min(t[id(c)], self._measure(c.runner, cutoff=False))  # type: ignore
+    best.time_s, baseline.time_s = t[id(best)], t[id(baseline)]
+    if best.time_s <= baseline.time_s or self.winners([baseline], 1, force=True) == []: return best
+    return baseline
 
   def run(self) -> SearchResult:
     try: return self._run()
@@ -488,7 +490,8 @@ class _Search:
       else: improved = False
       if not improved: break
       beam = new
-    if baseline is not None and baseline is not best and baseline.runner is not None and best.runner is not None:
+    if baseline is not None and baseline is not best and baseline.runner is not None and best.runner is not None and \
+       baseline.valid is not False:
       best = self._confirm(best, baseline)
     self.stats.wall_s = time.perf_counter() - self.t0
     self.progress.close(best.time_s, self.stats)
@@ -497,7 +500,10 @@ class _Search:
     return SearchResult(best.kernel, best.time_s, base_t, valid, self.stats)
 
 def _device(kernel: Kernel, buffers: Optional[Sequence[Buffer]], device: Optional[Compiled]) -> Compiled:
+  """device, else the open device whose renderer the kernel uses, else the buffers' device, else the dialect's."""
   if device is not None: return device
+  for d in getattr(Device, "_open", {}).values():
+    if d.renderer is kernel.opts: return d
   return buffers[0].dev if buffers else Device[kernel.opts.device]
 
 def search(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None, config: Optional[SearchConfig] = None,
@@ -523,7 +529,7 @@ def tuning_key(kernel: Kernel, device: Optional[Compiled] = None, config: Option
   Opts, the dialect's capabilities, the device's compiler id (compiler, version, flags, ISA), the search fields that
   change what may win (beam width, validation), the knobs that change codegen, and kernopt's version."""
   cfg = config if config is not None else SearchConfig()
-  dev = device if device is not None else Device[kernel.opts.device]
+  dev = _device(kernel, None, device)
   knobs = getconfig()
   material = {"key": KEY_VERSION, "ast": ops.ast_digest(kernel.ast), "start": [opt_to_json(o) for o in kernel.applied_opts],
               "renderer": kernel.opts.capabilities(), "device": dev.name, "compiler": dev.compiler_id(),

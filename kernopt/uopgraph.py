@@ -226,7 +226,8 @@ def mul_consts(x: UOp, c1: UOp, c2: UOp) -> UOp:
 
 def load_valid(ld: UOp, buf: UOp, idx: UOp, v: UOp, alt: UOp) -> UOp:
   if v.arg: return UOp(UOps.LOAD, ld.dtype, (buf, idx.src[1] if _is_where_guard(idx, v) else idx))
-  return alt if alt.dtype == ld.dtype else UOp(UOps.VECTORIZE, ld.dtype, (alt,) * ld.dtype.count)  # type: ignore[union-attr]
+  if alt.dtype == ld.dtype: return alt
+  return UOp(UOps.VECTORIZE, ld.dtype, (alt,) * ld.dtype.count)  # type: ignore[union-attr]
 
 def _is_where_guard(idx: UOp, v: UOp) -> bool:
   return idx.op is UOps.ALU and idx.arg is TernaryOps.WHERE and idx.src[0] is v

@@ -153,6 +153,20 @@ def test_hoisting_loop_invariants():
   uops = linearize(UOp(UOps.SINK, None, (UOp(UOps.STORE, None, (BUF, i, const_expr)),)))
   assert _pos(uops, const_expr) < _pos(uops, i)
 
+def test_accumulator_read_inside_its_loop():
+  """A use of an accumulator's running value (a WMMA's C operand: a VECTORIZE of accumulators) is computed in the
+  accumulator's loop, each iteration, not hoisted before it."""
+  i, k = rng(4, 0), rng(8, 1, True)
+  accs = [UOp(UOps.DEFINE_ACC, F, (k,), (0.0, n)) for n in range(2)]
+  c_vec = UOp(UOps.VECTORIZE, F.vec(2), tuple(accs))
+  ld = UOp(UOps.LOAD, F.vec(2), (IN, alu(BinaryOps.ADD, alu(BinaryOps.MUL, i, c(16)), alu(BinaryOps.MUL, k, c(2)))))
+  new = alu(BinaryOps.ADD, c_vec, ld)
+  phis = [UOp(UOps.PHI, F, (a, UOp(UOps.GEP, F, (new,), n))) for n, a in enumerate(accs)]
+  st = UOp(UOps.STORE, None, (BUF, i, alu(BinaryOps.ADD, *phis)))
+  uops = linearize(UOp(UOps.SINK, None, (st,)))
+  end_k = next(j for j, u in enumerate(uops) if u.op is UOps.ENDRANGE and u.src[0] is k)
+  assert max(_pos(uops, a) for a in accs) < _pos(uops, k) < _pos(uops, c_vec) < end_k < _pos(uops, st)
+
 def test_params_first_in_argument_order():
   n = UOp(UOps.DEFINE_VAR, I, (), Variable("n", 1, 9))
   m = UOp(UOps.DEFINE_VAR, I, (), Variable("m", 1, 9))

@@ -1,0 +1,90 @@
+"""Parallel launch on the CPU device: the outermost non-reduce loop is split across threads (OpenMP or a pthread pool
+rendered into the kernel); every output element is computed by one thread in the same order, so results are
+bit-identical to one thread for ints and floats alike."""
+import numpy as np
+import pytest
+from catalogue import get
+from kernopt.dtype import dtypes
+from kernopt.helpers import config_override
+from kernopt.kernel import Kernel, Opt, OptOps
+from kernopt.renderers.native import NativeCRenderer
+from kernopt.runtime import Buffer, Device
+from kernopt.runtime import cpu
+from kernopt.uops import UOp, UOps
+
+pytestmark = pytest.mark.skipif(not cpu.CPUDevice.availability()[0], reason="no C compiler")
+
+def run_case(name: str, **device_options):
+  """(source, outputs) of catalogue case `name` under the standard protocol on Device.open("CPU", **options)."""
+  case, dev = get(name), Device.open("CPU", **device_options)
+  k = Kernel(case.ast, opts=dev.renderer).required_optimizations()
+  if not k.apply_tensor_cores(): k.hand_coded_optimizations()
+  prg = k.to_program()
+  runner = dev.compile(prg)
+  ins = case.inputs(np.random.default_rng(7))
+  outs = []
+  for vv in case.var_vals:
+    bufs = {b.idx: Buffer("CPU", b.numel, b.dtype) for b in case.buffers}
+    for b in case.buffers:
+      if not b.output: bufs[b.idx].copyin(ins[b.idx])
+    runner(*[bufs[i] for i in sorted(bufs)], var_vals=vv)
+    ref = case.reference(ins, vv)
+    for b in case.outputs:
+      got = bufs[b.idx].numpy()[:ref[b.idx].size]
+      np.testing.assert_allclose(got.astype(np.float64), ref[b.idx].reshape(-1).astype(np.float64),
+                                 rtol=max(case.tol * 10, 0), atol=case.tol * 10)
+      outs.append(got)
+  return prg.src, outs
+
+BIT_EXACT = ["int_ops", "max_reduce_int", "idiv_mod", "matmul_512", "sum_axis0", "sum_axis1", "max_axis1", "conv2d",
+             "two_outputs", "sym_add", "sym_sum", "pad", "matmul_half"]
+
+@pytest.mark.parametrize("name", BIT_EXACT)
+def test_threads_bit_identical(name):
+  src1, one = run_case(name, threads=1)
+  src2, omp = run_case(name, threads=2, parallel="openmp")
+  src3, pth = run_case(name, threads=3, parallel="pthread")
+  assert "#pragma omp" not in src1 and "pthread_create" not in src1
+  assert "num_threads(2)" in src2 and "pthread_create" in src3
+  for a, b, c in zip(one, omp, pth):
+    assert a.tobytes() == b.tobytes() == c.tobytes()
+
+def test_thread_count_is_in_the_source():
+  """so the compiled-binary cache key changes with it"""
+  src2, _ = run_case("add", threads=2)
+  src4, _ = run_case("add", threads=4)
+  assert "num_threads(2)" in src2 and "num_threads(4)" in src4
+
+def test_threads_default_from_config():
+  with config_override(CPU_THREADS=3): assert NativeCRenderer().threads == 3
+  with config_override(CPU_THREADS=0): assert NativeCRenderer().threads >= 1
+  assert NativeCRenderer(threads=1).parallel == "none"
+
+def test_no_parallel_loop_without_global_loops():
+  """A full reduce has only its reduce loop: running it on several threads would change the order of the sum."""
+  src, _ = run_case("sum_all", threads=2)
+  assert "#pragma omp" not in src
+
+def test_no_parallel_loop_when_an_accumulator_is_outside():
+  r = NativeCRenderer(threads=2)
+  zero, four = UOp.const(dtypes.int32, 0), UOp.const(dtypes.int32, 4)
+  rng = UOp(UOps.RANGE, dtypes.int32, (zero, four), (0, False))
+  acc = UOp(UOps.DEFINE_ACC, dtypes.float32, (rng,), (0.0, 0))
+  assert r.parallel_loop([zero, four, rng, UOp(UOps.ENDRANGE, None, (rng,))]) is rng
+  assert r.parallel_loop([zero, four, acc, rng, UOp(UOps.ENDRANGE, None, (rng,))]) is None
+  red = UOp(UOps.RANGE, dtypes.int32, (zero, four), (0, True))
+  assert r.parallel_loop([zero, four, red, UOp(UOps.ENDRANGE, None, (red,))]) is None
+
+def test_fewer_iterations_than_threads():
+  """An outer loop of 2 iterations on 5 threads: idle workers, every element written once."""
+  case, dev = get("matmul_64"), Device.open("CPU", threads=5, parallel="pthread")
+  k = Kernel(case.ast, opts=dev.renderer)
+  for o in (Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 8)): k.apply_opt(o)
+  prg = k.to_program()
+  assert prg.name.startswith("r_2_") and "pthread_create" in prg.src
+  ins = case.inputs(np.random.default_rng(0))
+  out = Buffer("CPU", 64 * 64, dtypes.float).copyin(np.full(64 * 64, np.nan, np.float32))
+  a, b = (Buffer("CPU", 64 * 64, dtypes.float).copyin(ins[i]) for i in (1, 2))
+  dev.compile(prg)(out, a, b)
+  np.testing.assert_allclose(out.numpy().reshape(64, 64), case.reference(ins, {})[0].reshape(64, 64), rtol=1e-4,
+                             atol=1e-4)
