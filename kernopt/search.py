@@ -47,9 +47,10 @@ class SearchConfig:
   """How a search runs. `beam` (None: the BEAM knob, else 2) candidates survive each round; the search stops when a
   round improves the best time by less than `min_progress` (relative), after `max_rounds`, or when `time_budget_s`
   (None: unlimited) is spent, returning the best kernel found so far. Each candidate runs `repeats` times (the
-  minimum counts; more runs while they span under `min_time_s`), fewer when its first run is over `cutoff` times the best so far. With `validate`, a candidate
-  can only win after its outputs on seeded random inputs match the unoptimized kernel's. Candidates are rendered and
-  compiled by `executor` when given, else by a private pool of `workers` processes (0: in this process)."""
+  minimum counts; more runs while they span under `min_time_s`), once when its first run is over `cutoff` times the
+  best so far. With `validate`, a candidate can only win after its outputs on seeded random inputs match the
+  unoptimized kernel's. Candidates are rendered and compiled by `executor` when given, else by a private pool of
+  `workers` processes (0: in this process)."""
   beam: Optional[int] = None
   time_budget_s: Optional[float] = None
   validate: bool = True
@@ -60,6 +61,7 @@ class SearchConfig:
   progress: bool = True
   cutoff: float = 3.0
   min_time_s: float = 0.003
+  compile_timeout_s: float = 10.0   # a candidate whose build takes longer is dropped (its compiler runs on unobserved)
   min_progress: float = 0.01
   max_upcast_size: int = 256    # product of the upcasted axes
   max_local_size: int = 1024    # threads in a workgroup (also capped by the dialect's max_local_size)
@@ -71,7 +73,7 @@ class SearchConfig:
 @dataclass
 class SearchStats:
   """What a search did: candidates compiled, timed, validated, rejected by validation, failed to build or run,
-  pruned by device limits; rounds; wall seconds; whether the budget cut it short; whether it was a cache hit."""
+  pruned by device limits; rounds; wall seconds; whether the budget cut it short."""
   compiled: int = 0
   timed: int = 0
   validated: int = 0
@@ -81,7 +83,6 @@ class SearchStats:
   rounds: int = 0
   wall_s: float = 0.0
   out_of_budget: bool = False
-  cache_hit: bool = False
 
 @dataclass(frozen=True)
 class SearchResult:
@@ -260,7 +261,8 @@ class Validator:
       got, dt = self.bufs[i].numpy(), self.args[i].dtype
       tol = tolerance(dt)
       if tol == 0.0:
-        if not np.array_equal(got, want): return f"buffer {self.args[i].idx}: {int((got != want).sum())} elements differ"
+        if not np.array_equal(got, want):
+          return f"buffer {self.args[i].idx}: {int((got != want).sum())} elements differ"
         continue
       g, w = _as_float(got, dt).astype(np.float64), _as_float(want, dt).astype(np.float64)
       if not np.allclose(g, w, rtol=tol, atol=tol, equal_nan=True):
@@ -329,6 +331,7 @@ class _Search:
     if cfg.validate or not buffers: self.validator = Validator(kernel, self.dev, self.var_vals, sizes, cfg.seed)
     self.bufs = list(buffers) if buffers else self.validator.bufs  # type: ignore[union-attr]
     self.executor, self.own_executor = cfg.executor, False
+    self.threads: Optional[cf.ThreadPoolExecutor] = None
     self.ast_json = ops.ast_to_json(kernel.ast)
     self.ast_digest = ops.ast_digest(kernel.ast)
     self.progress = _Progress(cfg.progress, ansistrip(kernel.name))
@@ -343,15 +346,11 @@ class _Search:
 
   # -- build --
   def build(self, cands: list[_Cand], force: bool = False) -> list[_Cand]:
-    """Render and compile cands (in workers when there are any); those that fail are dropped."""
+    """Render and compile cands (in workers when there are any); those that fail or take over compile_timeout_s are
+    dropped."""
     if self.executor is None and self.cfg.workers > 0 and len(cands) > 1 and self.dev.name != "PYTHON":
       self.executor, self.own_executor = _pool(self.cfg.workers), True
-    if self.executor is None:
-      programs = []
-      for c in cands:
-        if not force and self.out_of_time(): break
-        try: programs.append((c, c.kernel.copy().to_program(), ""))
-        except Exception as e: programs.append((c, None, f"{type(e).__name__}: {e}"))
+    if self.executor is None: programs = self._render_here(cands, force)
     else:
       try: programs = self._build_remote(cands, force)
       except cf.BrokenExecutor as e:  # e.g. a script without `if __name__ == "__main__":` under spawn/forkserver
@@ -362,15 +361,34 @@ class _Search:
     for c, prg, err in programs:
       if prg is not None and _corrupt is not None: prg = _corrupt(c.kernel, prg)
       if prg is not None:
-        try: c.runner = self.dev.compile(prg)
+        try: c.runner = self._compile(prg, force)
         except KernoptError as e: prg, err = None, f"{type(e).__name__}: {e}"
+        except cf.TimeoutError: prg, err = None, "compile timed out"
       if prg is None:
         self.stats.failed += 1
         if getconfig().DEBUG >= 2: print(f"search: {list(c.kernel.applied_opts)} failed: {err}", file=sys.stderr)
         continue
       self.stats.compiled += 1
       ret.append(c)
+    order = {id(c): i for i, c in enumerate(cands)}
+    return sorted(ret, key=lambda c: order[id(c)])
+
+  def _wait_limit(self, force: bool) -> float:
+    left = self.deadline - time.perf_counter() if not force else math.inf
+    return max(min(self.cfg.compile_timeout_s, left), 0.0)
+
+  def _render_here(self, cands: list[_Cand], force: bool) -> list[tuple[_Cand, Optional[Program], str]]:
+    ret: list[tuple[_Cand, Optional[Program], str]] = []
+    for c in cands:
+      if not force and self.out_of_time(): break
+      try: ret.append((c, c.kernel.copy().to_program(), ""))
+      except Exception as e: ret.append((c, None, f"{type(e).__name__}: {e}"))  # a codegen bug costs one candidate
     return ret
+
+  def _compile(self, prg: Program, force: bool) -> CompiledRunner:
+    """dev.compile(prg) on a helper thread, given up after compile_timeout_s (the compiler finishes unobserved)."""
+    if self.threads is None: self.threads = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kernopt-search")
+    return self.threads.submit(self.dev.compile, prg).result(timeout=self._wait_limit(force))
 
   def _build_remote(self, cands: list[_Cand], force: bool) -> list[tuple[_Cand, Optional[Program], str]]:
     spec = _device_spec(self.dev) if hasattr(self.dev, "so_path") else None
@@ -379,16 +397,18 @@ class _Search:
     futs = {self.executor.submit(_render_task, _RenderTask(self.ast_json, self.ast_digest, c.kernel.applied_opts,
                                                            c.kernel.opts, spec, knobs, self.dev.name == "PYTHON")): c
             for c in cands}
-    timeout = None if force or self.deadline == math.inf else max(self.deadline - time.perf_counter(), 0.0)
-    done, pending = cf.wait(futs, timeout=timeout)
+    pending, ret = set(futs), []
+    while pending:  # until the budget ends or no candidate finishes for compile_timeout_s
+      done, pending = cf.wait(pending, timeout=self._wait_limit(force), return_when=cf.FIRST_COMPLETED)
+      if not done: break
+      for f in done:
+        try: prg, err = f.result()
+        except cf.BrokenExecutor: raise
+        except Exception as e: prg, err = None, f"{type(e).__name__}: {e}"
+        ret.append((futs[f], prg, err))
     for f in pending: f.cancel()
-    if pending: self.stats.out_of_budget = True
-    ret = []
-    for f in done:
-      try: prg, err = f.result()
-      except cf.BrokenExecutor: raise
-      except Exception as e: prg, err = None, f"{type(e).__name__}: {e}"
-      ret.append((futs[f], prg, err))
+    self.stats.failed += len(pending)
+    self.out_of_time()
     return ret
 
   # -- measure --
@@ -411,8 +431,10 @@ class _Search:
 
   def _measure(self, runner: CompiledRunner, cutoff: bool = True) -> float:
     """After one warm-up run, the minimum of at least `repeats` runs spread over at least `min_time_s` (a preempted
-    run is an outlier, not the answer); just one run when it is over `cutoff` times the best so far."""
-    runner(*self.bufs, var_vals=self.var_vals, wait=True)  # warm-up: the first call after loading pays page faults
+    run is an outlier, not the answer); just the warm-up when it is over `cutoff` times the best so far."""
+    first = runner(*self.bufs, var_vals=self.var_vals, wait=True)  # warm-up: the first call pays page faults
+    if first is None: return math.inf
+    if cutoff and first > self.cfg.cutoff * self.best_time: return first
     best, runs, st = math.inf, 0, time.perf_counter()
     while True:
       t = runner(*self.bufs, var_vals=self.var_vals, wait=True)
@@ -439,7 +461,9 @@ class _Search:
     return ret
 
   def _drop_executor(self) -> None:
-    if self.own_executor and self.executor is not None: self.executor.shutdown(wait=True, cancel_futures=True)
+    if self.own_executor and self.executor is not None: self.executor.shutdown(wait=False, cancel_futures=True)
+    if self.threads is not None: self.threads.shutdown(wait=False)
+    self.threads = None
     self.executor, self.own_executor = None, False
     self.cfg = dataclasses.replace(self.cfg, executor=None, workers=0)
 
@@ -463,14 +487,14 @@ class _Search:
     start = _Cand(ops.ast_digest(self.kernel.get_optimized_ast()), self.kernel.copy())
     seen.add(start.digest)
     seeds = [start]
-    baseline: Optional[_Cand] = None
+    baseline: Optional[_Cand] = None  # the standard protocol's choice, timed first so the cutoff spares a slow start
     if not self.kernel.applied_opts:
       hc = self.kernel.copy()
       try:
         if not hc.apply_tensor_cores(): hc.hand_coded_optimizations()
         baseline = _Cand(ops.ast_digest(hc.get_optimized_ast()), hc)
         if baseline.digest in seen: baseline = start
-        else: seeds.append(baseline)
+        else: seeds.insert(0, baseline)
         seen.add(baseline.digest)
       except KernoptError: baseline = None
     # round 0 (the start and the standard protocol) always completes, whatever the budget
@@ -486,8 +510,8 @@ class _Search:
       timed = self.time_all(self.build(cands))
       new = self.winners(timed, width)
       self.stats.rounds = rnd
-      if new and new[0].time_s < best.time_s: improved, best = new[0].time_s < best.time_s * (1 - cfg.min_progress), new[0]
-      else: improved = False
+      improved = bool(new) and new[0].time_s < best.time_s * (1 - cfg.min_progress)
+      if new and new[0].time_s < best.time_s: best = new[0]
       if not improved: break
       beam = new
     if baseline is not None and baseline is not best and baseline.runner is not None and best.runner is not None and \
@@ -511,7 +535,7 @@ def search(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None, config: O
   """Beam search from kernel's current Opts (and, when it has none, also from the standard protocol's choice, so the
   result is never slower than hand-coded as measured here). Timed on `buffers` (in MemBuffer index order; their
   outputs are overwritten) or on seeded random buffers when None, on `device` (default: the buffers' device, else
-the kernel's dialect's). var_vals default to each variable's midpoint. TC_OPT is 2 during the search. No cache."""
+  the kernel's dialect's). var_vals default to each variable's midpoint. TC_OPT is 2 during the search. No cache."""
   cfg = config if config is not None else SearchConfig()
   with config_override(TC_OPT=2):
     return _Search(kernel, buffers, cfg, var_vals, device).run()
@@ -531,7 +555,8 @@ def tuning_key(kernel: Kernel, device: Optional[Compiled] = None, config: Option
   cfg = config if config is not None else SearchConfig()
   dev = _device(kernel, None, device)
   knobs = getconfig()
-  material = {"key": KEY_VERSION, "ast": ops.ast_digest(kernel.ast), "start": [opt_to_json(o) for o in kernel.applied_opts],
+  material = {"key": KEY_VERSION, "ast": ops.ast_digest(kernel.ast),
+              "start": [opt_to_json(o) for o in kernel.applied_opts],
               "renderer": kernel.opts.capabilities(), "device": dev.name, "compiler": dev.compiler_id(),
               "beam": cfg.width, "validate": cfg.validate, "use_tc": knobs.USE_TC, "nolocals": knobs.NOLOCALS,
               "kernopt": kernopt.__version__}
@@ -558,7 +583,8 @@ def _entry(res: SearchResult, cfg: SearchConfig, dev: Compiled) -> dict[str, Any
   return {"opts": [opt_to_json(o) for o in res.kernel.applied_opts], "validated": res.validated, "time_s": res.time_s,
           "baseline_s": res.baseline_s if math.isfinite(res.baseline_s) else None, "searched_at": time.time(),
           "complete": not res.stats.out_of_budget, "budget_s": cfg.time_budget_s, "imported": False,
-          "device": dev.name, "kernel": res.kernel.name, "compiled": res.stats.compiled, "timed": res.stats.timed}
+          "device": dev.name, "kernel": ansistrip(res.kernel.name), "compiled": res.stats.compiled,
+          "timed": res.stats.timed}
 
 def lookup(kernel: Kernel, device: Optional[Compiled] = None, config: Optional[SearchConfig] = None) -> Optional[dict]:
   """The tuning-cache entry for kernel on device under config, or None."""
@@ -630,8 +656,8 @@ def tune_all(asts: Iterable[LazyOp], device: str = "CPU", executor: Optional[cf.
   Opts}. One task searches one AST completely, compiling in-process and timing on its worker's own device, so two
   tasks on one machine time at once: a local executor should have one worker. A dask.distributed cluster's
   `client.get_executor()` works; an AST already in the cache is not searched again."""
-  cfg = dataclasses.replace(config if config is not None else SearchConfig(), executor=None, workers=0,
-                            progress=False if executor is not None else (config.progress if config else False))
+  cfg = config if config is not None else SearchConfig(progress=False)
+  cfg = dataclasses.replace(cfg, executor=None, workers=0, progress=cfg.progress and executor is None)
   opts_t = tuple(sorted((device_options or {}).items()))
   dev = Device.open(device, **dict(opts_t))
   ret: dict[str, list[Opt]] = {}

@@ -2,7 +2,7 @@
 compared with the unoptimized kernel's on the same inputs (exact for ints and bools, the dtype's tolerance for floats,
 since reassociation is allowed). Kernels run in a child process per AST that logs "about to run <opts>" before each
 launch, so a crashing kernel becomes a reported failure naming the AST and opts, not a dead test run.
-Entry points: `run_fuzz(device_name, cases, n_per_ast, seed, device_options=None)`, `generate(...)`, `run_programs(...)`."""
+Entry points: `run_fuzz(device_name, cases, n_per_ast, seed, device_options=None)`, `generate`, `run_programs`."""
 from __future__ import annotations
 import os
 import pickle
@@ -30,6 +30,9 @@ FUZZ_AMTS = (0, 2, 3, 4, 5, 7, 8, 16, 32)
 # dialect (has_local=False, no images, no tensor cores). TC is never drawn by the fuzzer (it is its own protocol).
 NEEDS_LOCALS = frozenset({OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP, OptOps.NOLOCALS, OptOps.UPCASTMID})
 MAX_TRIES_PER_STEP = 300
+# the fuzzer itself refuses Opts that make more than this many upcasted (unrolled) elements per loop iteration: legal
+# but slow to compile (a 128-lane unroll of a 16-long reduce renders 200k characters that gcc -O2 takes 25 s on)
+MAX_UPCAST_PRODUCT = 64
 SENTINEL_BYTE = 0x7B  # output buffers start as this byte pattern, so an element a kernel forgets to write shows up
 
 @dataclass(frozen=True)
@@ -79,24 +82,31 @@ def action_space(k: Kernel) -> list[Opt]:
 def _state(k: Kernel) -> tuple:
   return (k.sts, k.applied_opts, k.full_shape, k.upcasted, k.local_dims, k.group_for_reduces, k.dont_use_locals)
 
-def _step(k: Kernel, rng: random.Random, accepted: Counter, problems: list[FuzzFailure], name: str) -> bool:
-  """Apply one random legal Opt to k; False when none of the tried ones was accepted."""
+def upcast_product(k: Kernel) -> int:
+  p = 1
+  for s in k.full_shape[k.shape_len - k.upcasted:]: p *= s if isinstance(s, int) else 1
+  return p
+
+def _step(k: Kernel, rng: random.Random, accepted: Counter, problems: list[FuzzFailure], name: str) -> Optional[Kernel]:
+  """k with one more random legal Opt (k itself is left unchanged), or None when none of the tried ones is accepted."""
   acts = action_space(k)
   rng.shuffle(acts)
   for opt in acts[:MAX_TRIES_PER_STEP]:
-    before = _state(k)
-    try: k.apply_opt(opt)
+    trial = k.copy()
+    before = _state(trial)
+    try: trial.apply_opt(opt)
     except KernelOptError:
-      if _state(k) != before:
+      if _state(trial) != before:
         problems.append(FuzzFailure(name, k.applied_opts + (opt,), "contract", "a refused Opt changed the kernel"))
-        return False
+        return None
       continue
     except Exception as e:  # a Kernel bug: anything but KernelOptError breaks the contract
-      problems.append(FuzzFailure(name, before[1] + (opt,), "apply_opt", f"{type(e).__name__}: {e}"))
-      return False
+      problems.append(FuzzFailure(name, k.applied_opts + (opt,), "apply_opt", f"{type(e).__name__}: {e}"))
+      return None
+    if upcast_product(trial) > MAX_UPCAST_PRODUCT: continue
     accepted[opt.op] += 1
-    return True
-  return False
+    return trial
+  return None
 
 def generate(ast: Any, renderer: Any, n: int, seed: int, name: str = "?") -> tuple[list[Kernel], Counter, list]:
   """Up to n kernels with distinct applied_opts (1-6 legal Opts each, none empty), the count of each OptOps
@@ -107,9 +117,10 @@ def generate(ast: Any, renderer: Any, n: int, seed: int, name: str = "?") -> tup
   kernels: list[Kernel] = []
   for _ in range(6 * n):
     if len(kernels) >= n: break
-    k = base.copy()
+    k = base
     for _ in range(rng.randint(1, 6)):
-      if not _step(k, rng, accepted, problems, name): break
+      if (nxt := _step(k, rng, accepted, problems, name)) is None: break
+      k = nxt
     if k.applied_opts in seen: continue
     seen.add(k.applied_opts)
     kernels.append(k)
@@ -171,7 +182,8 @@ def run_programs(device_name: str, programs: Sequence[tuple[str, Any]], buffers:
                      var_vals=list(var_vals))
       paths = {k: os.path.join(tmp, f"{k}{restarts}") for k in ("payload", "result", "progress")}
       with open(paths["payload"], "wb") as f: pickle.dump(payload, f)
-      cmd = [sys.executable, os.path.abspath(__file__), "--worker", paths["payload"], paths["result"], paths["progress"]]
+      cmd = [sys.executable, os.path.abspath(__file__), "--worker", paths["payload"], paths["result"],
+             paths["progress"]]
       try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=_ROOT)
         rc, err = proc.returncode, proc.stderr

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not cpu.CPUDevice.availability()[0], reason="no 
 
 def run_case(name: str, **device_options):
   """(source, outputs) of catalogue case `name` under the standard protocol on Device.open("CPU", **options)."""
-  case, dev = get(name), Device.open("CPU", **device_options)
+  case, dev = get(name), Device.open("CPU", min_parallel_work=0, **device_options)
   k = Kernel(case.ast, opts=dev.renderer).required_optimizations()
   if not k.apply_tensor_cores(): k.hand_coded_optimizations()
   prg = k.to_program()
@@ -51,14 +51,23 @@ def test_threads_bit_identical(name):
 
 def test_thread_count_is_in_the_source():
   """so the compiled-binary cache key changes with it"""
-  src2, _ = run_case("add", threads=2)
-  src4, _ = run_case("add", threads=4)
+  src2, _ = run_case("add", threads=2, parallel="openmp")
+  src4, _ = run_case("add", threads=4, parallel="openmp")
   assert "num_threads(2)" in src2 and "num_threads(4)" in src4
+  src3, _ = run_case("add", threads=3, parallel="pthread")
+  assert "pthread_t th[3]" in src3
 
 def test_threads_default_from_config():
   with config_override(CPU_THREADS=3): assert NativeCRenderer().threads == 3
   with config_override(CPU_THREADS=0): assert NativeCRenderer().threads >= 1
   assert NativeCRenderer(threads=1).parallel == "none"
+
+def test_small_kernels_run_on_one_thread():
+  src, _ = Device.open("CPU", threads=2).renderer, None
+  k = Kernel(get("add").ast, opts=src).required_optimizations().hand_coded_optimizations()
+  assert "pthread" not in k.to_program().src
+  big = NativeCRenderer(threads=2, min_parallel_work=0)
+  assert "pthread_create" in Kernel(get("add").ast, opts=big).hand_coded_optimizations().to_program().src
 
 def test_no_parallel_loop_without_global_loops():
   """A full reduce has only its reduce loop: running it on several threads would change the order of the sum."""
@@ -66,7 +75,7 @@ def test_no_parallel_loop_without_global_loops():
   assert "#pragma omp" not in src
 
 def test_no_parallel_loop_when_an_accumulator_is_outside():
-  r = NativeCRenderer(threads=2)
+  r = NativeCRenderer(threads=2, min_parallel_work=0)
   zero, four = UOp.const(dtypes.int32, 0), UOp.const(dtypes.int32, 4)
   rng = UOp(UOps.RANGE, dtypes.int32, (zero, four), (0, False))
   acc = UOp(UOps.DEFINE_ACC, dtypes.float32, (rng,), (0.0, 0))
@@ -77,7 +86,7 @@ def test_no_parallel_loop_when_an_accumulator_is_outside():
 
 def test_fewer_iterations_than_threads():
   """An outer loop of 2 iterations on 5 threads: idle workers, every element written once."""
-  case, dev = get("matmul_64"), Device.open("CPU", threads=5, parallel="pthread")
+  case, dev = get("matmul_64"), Device.open("CPU", threads=5, parallel="pthread", min_parallel_work=0)
   k = Kernel(case.ast, opts=dev.renderer)
   for o in (Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 8)): k.apply_opt(o)
   prg = k.to_program()

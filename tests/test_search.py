@@ -4,7 +4,6 @@ import concurrent.futures as cf
 import copy
 import json
 import multiprocessing
-import os
 import time
 import warnings
 import numpy as np
@@ -12,7 +11,7 @@ import pytest
 import catalogue
 import kernopt
 from kernopt import search as S
-from kernopt.helpers import config_override, diskcache_get
+from kernopt.helpers import config_override
 from kernopt.kernel import Kernel, Opt, OptOps
 from kernopt.runtime import Buffer, Device, cpu
 
@@ -34,7 +33,8 @@ def make_buffers(case, seed=1):
   inputs = case.inputs(np.random.default_rng(seed))
   bufs = []
   for b in sorted(case.buffers, key=lambda b: b.idx):
-    bufs.append(Buffer("CPU", b.numel, b.dtype).copyin(inputs[b.idx] if not b.output else np.zeros(b.numel, b.np_dtype)))
+    data = inputs[b.idx] if not b.output else np.zeros(b.numel, b.np_dtype)
+    bufs.append(Buffer("CPU", b.numel, b.dtype).copyin(data))
   return bufs, inputs
 
 def check_numpy(kernel, case, seed=2):
@@ -216,7 +216,8 @@ def test_tune_all_on_a_dask_cluster(monkeypatch, tmp_path):
       assert differs >= 1, entries
       monkeypatch.setattr(S, "search", _no_search)  # merged into this process's cache
       for name, ast in zip(names, asts):
-        assert list(S.search_or_cached(kernel_of(name), config=cfg).applied_opts) == results[kernopt.ops.ast_digest(ast)]
+        hit = S.search_or_cached(kernel_of(name), config=cfg)
+        assert list(hit.applied_opts) == results[kernopt.ops.ast_digest(ast)]
   finally:
     client.close()
     cluster.close()

@@ -12,9 +12,11 @@ from kernopt.helpers import getconfig
 from kernopt.ops import BinaryOps
 from kernopt.renderers.cstyle import CRenderer
 from kernopt.renderers.vectorize import pack_lanes
-from kernopt.uops import UOp, UOps
+from kernopt.uops import UOp, UOps, flops_mem
 
-PARALLEL_MODES = ("openmp", "pthread", "none")
+PARALLEL_MODES = ("pthread", "openmp", "none")
+# ALU ops + bytes moved below which a kernel runs on one thread: starting workers costs more than it saves
+MIN_PARALLEL_WORK = 1 << 20
 
 @functools.lru_cache(None)
 def host_vector_width(cpuinfo: str = "/proc/cpuinfo") -> int:
@@ -36,11 +38,14 @@ def host_threads() -> int:
 
 class NativeCRenderer(CRenderer):
   """CRenderer for this host: `vector_width` fp32 lanes, `threads` workers (default: CPU_THREADS, else the cores the
-  process may use), `parallel` in PARALLEL_MODES. The heuristics read `heuristics == "cpu_native"`."""
+  process may use), `parallel` in PARALLEL_MODES; kernels estimated below `min_parallel_work` (ALU ops + bytes) run
+  on one thread. The heuristics read `heuristics == "cpu_native"`."""
   heuristics = "cpu_native"
 
-  def __init__(self, vector_width: Optional[int] = None, threads: Optional[int] = None, parallel: str = "openmp"):
-    if parallel not in PARALLEL_MODES: raise UnsupportedError(f"parallel must be one of {PARALLEL_MODES}, got {parallel!r}")
+  def __init__(self, vector_width: Optional[int] = None, threads: Optional[int] = None, parallel: str = "pthread",
+               min_parallel_work: int = MIN_PARALLEL_WORK):
+    if parallel not in PARALLEL_MODES:
+      raise UnsupportedError(f"parallel must be one of {PARALLEL_MODES}, got {parallel!r}")
     self.vector_width = vector_width if vector_width is not None else host_vector_width()
     if self.vector_width < 1 or self.vector_width & (self.vector_width - 1):
       raise UnsupportedError(f"vector_width must be a power of two, got {self.vector_width}")
@@ -48,11 +53,13 @@ class NativeCRenderer(CRenderer):
     if self.threads < 1: raise UnsupportedError(f"threads must be at least 1, got {self.threads}")
     self.parallel = parallel if self.threads > 1 else "none"
     self.max_upcast = max(8, 2 * self.vector_width)
+    self.schedule = "static"
+    self.min_parallel_work = min_parallel_work
     self._loop: Optional[UOp] = None
 
   def capabilities(self) -> dict[str, Any]:
     return {**super().capabilities(), "vector_width": self.vector_width, "threads": self.threads,
-            "parallel": self.parallel}
+            "parallel": self.parallel, "min_parallel_work": self.min_parallel_work}
 
   def __repr__(self) -> str:
     return f"NativeCRenderer(vector_width={self.vector_width}, threads={self.threads}, parallel={self.parallel!r})"
@@ -82,19 +89,23 @@ class NativeCRenderer(CRenderer):
     if first is None or uops[first].arg[1]: return None
     rng = uops[first]
     if any(u.op in (UOps.DEFINE_ACC, UOps.DEFINE_LOCAL, UOps.BARRIER, UOps.SPECIAL) for u in uops[:first]): return None
+    flops, mem = flops_mem(uops)
+    if isinstance(flops, int) and isinstance(mem, int) and flops + mem < self.min_parallel_work: return None
     return rng
 
   def render_range(self, u: UOp, var: str, start: str, end: str) -> list[str]:
     if u is not self._loop: return super().render_range(u, var, start, end)
     if self.parallel == "openmp":
-      return [f"#pragma omp parallel for schedule(static) num_threads({self.threads})",
+      return [f"#pragma omp parallel for schedule({self.schedule}) num_threads({self.threads})",
               f"for (int32_t {var} = {start}; {var} < {end}; {var}++) {{"]
-    # pthread: worker ko_tid runs its contiguous share of the range
-    lo, hi = f"{var}_lo", f"{var}_hi"
-    n = f"((int64_t)({end})-(int64_t)({start}))"
-    return [f"int32_t {lo} = (int32_t)({start} + {n}*ko_tid/{self.threads});",
-            f"int32_t {hi} = (int32_t)({start} + {n}*(ko_tid+1)/{self.threads});",
-            f"for (int32_t {var} = {lo}; {var} < {hi}; {var}++) {{"]
+    # pthread: each worker claims the next chunk of iterations (a descheduled worker delays no one)
+    chunk = f"{var}_chunk"
+    claim = f"{start} + {chunk}*__atomic_fetch_add(ko_next, 1, __ATOMIC_RELAXED)"
+    return [f"int32_t {chunk} = (int32_t)((((int64_t)({end})-(int64_t)({start})) + {4 * self.threads - 1}) / "
+            f"{4 * self.threads});",
+            f"if ({chunk} < 1) {chunk} = 1;",
+            f"for (int32_t {var} = {claim}; {var} < {end}; "
+            f"{var} = ({var}+1-({start})) % {chunk} == 0 ? {claim} : {var}+1) {{"]
 
   def render(self, name: str, uops: list[UOp]) -> str:
     uops = pack_lanes(list(uops), self.vector_width)
@@ -109,21 +120,20 @@ class NativeCRenderer(CRenderer):
     return _pthread_kernel(self, name, params, body, preamble)
 
 def _pthread_kernel(r: NativeCRenderer, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
-  """The body as `static void name_part(params, int ko_tid)`, and `name` starting threads-1 pthreads on it, running
-  share 0 itself and joining them."""
+  """The body as `static void name_part(params, int* ko_next)`, and `name` running it on itself and threads-1
+  pthreads that share the counter of claimed iterations (a thread that could not start leaves its work to others)."""
   names = [p.split()[-1] for p in params]
   fields = "".join(f" {p.replace(' restrict', '')};" for p in params)
   head = "\n".join([*r.includes, "#include <pthread.h>", *preamble])
-  part = f"static void {name}_part({', '.join(params + ['int ko_tid'])}) {{\n" + "\n".join(body) + "\n}\n"
-  args = ", ".join([f"a->{n}" for n in names] + ["a->ko_tid"])
-  thr = (f"struct {name}_args {{{fields} int ko_tid; }};\n"
+  part = f"static void {name}_part({', '.join(params + ['int* ko_next'])}) {{\n" + "\n".join(body) + "\n}\n"
+  args = ", ".join([f"a->{n}" for n in names] + ["a->ko_next"])
+  thr = (f"struct {name}_args {{{fields} int* ko_next; }};\n"
          f"static void* {name}_thread(void* p) {{ struct {name}_args* a = p; {name}_part({args}); return 0; }}\n")
-  init = ", ".join(names + ["t"])
+  init = ", ".join(names + ["&next"])
   main = (f"{r.kernel_prefix}void {name}({', '.join(params)}) {{\n"
-          f"  pthread_t th[{r.threads}]; struct {name}_args a[{r.threads}]; int started[{r.threads}];\n"
-          f"  for (int t = 1; t < {r.threads}; t++) {{ a[t] = (struct {name}_args){{{init}}}; "
-          f"started[t] = pthread_create(&th[t], 0, {name}_thread, &a[t]) == 0; "
-          f"if (!started[t]) {name}_thread(&a[t]); }}\n"
-          f"  {name}_part({', '.join(names + ['0'])});\n"
+          f"  int next = 0; pthread_t th[{r.threads}]; int started[{r.threads}];\n"
+          f"  struct {name}_args a = {{{init}}};\n"
+          f"  for (int t = 1; t < {r.threads}; t++) started[t] = pthread_create(&th[t], 0, {name}_thread, &a) == 0;\n"
+          f"  {name}_part({', '.join(names + ['&next'])});\n"
           f"  for (int t = 1; t < {r.threads}; t++) if (started[t]) pthread_join(th[t], 0);\n}}\n")
   return f"{head}\n{part}{thr}{main}"

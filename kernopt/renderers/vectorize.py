@@ -46,6 +46,9 @@ class _Packer:
       for s in u.src: self.users.setdefault(s, []).append(u)
     self.groups: list[_Group] = []
     self.of: dict[UOp, tuple[int, int]] = {}
+    vdts = set(VECTOR_DTYPES)
+    self.todo = [u for u in uops if (u.op is UOps.ALU and u.arg in VECTOR_ALU and u.dtype in vdts) or
+                 u.op is UOps.PHI or (u.op is UOps.STORE and len(u.src) == 3 and _plain_global(u.src[0]))]
 
   def add(self, kind: str, members: tuple[UOp, ...], parts: tuple = (), deps: Optional[set[int]] = None) -> int:
     gid = len(self.groups)
@@ -88,10 +91,10 @@ class _Packer:
       elif s.op is UOps.DEFINE_ACC: parts.append(("a",))
       else: parts.append(("s", s))
     if lane is None or sum(p[0] == "a" for p in parts) > 1: return None
-    return ("alu", u.arg, u.dtype, self.scope[u], tuple(parts)), lane
+    return ("alu", u.arg, self.scope[u], tuple(parts)), lane
 
   def store_key(self, u: UOp) -> Optional[tuple[Any, int]]:
-    if len(u.src) != 3 or not _plain_global(u.src[0]) or u.src[2] not in self.of: return None
+    if u.src[2] not in self.of: return None
     gid, lane = self.of[u.src[2]]
     base, off = _base_offset(u.src[1])
     return ("store", u.src[0], base, off - lane, self.scope[u], gid), lane
@@ -99,10 +102,12 @@ class _Packer:
   def step(self) -> bool:
     """One pass over the list: group every op whose operands are packed; True if a group was added."""
     cands: dict[Any, dict[int, list[UOp]]] = {}
-    for u in self.uops:
-      if u in self.of: continue
+    of = self.of
+    self.todo = [u for u in self.todo if u not in of]
+    for u in self.todo:
+      if not any(s in of for s in u.src): continue
       found: Optional[tuple[Any, int]] = None
-      if u.op is UOps.ALU and u.arg in VECTOR_ALU and u.dtype in VECTOR_DTYPES: found = self.alu_key(u)
+      if u.op is UOps.ALU: found = self.alu_key(u)
       elif u.op is UOps.PHI and u.src[0] in self.of and u.src[1] in self.of:
         (ga, la), (gv, lv) = self.of[u.src[0]], self.of[u.src[1]]
         if la == lv: found = ("phi", ga, gv), la
@@ -113,7 +118,7 @@ class _Packer:
       if len(lanes) != self.width or any(len(v) != 1 for v in lanes.values()): continue
       members = tuple(lanes[ln][0] for ln in range(self.width))
       if any(m in self.of for m in members): continue
-      if key[0] == "alu": added |= self.add_alu(key[4], members)
+      if key[0] == "alu": added |= self.add_alu(key[3], members)
       elif key[0] == "phi":
         self.add("phi", members, deps={key[1], key[2]})
         added = True
@@ -221,7 +226,8 @@ class _Packer:
     elif g.kind == "gather": v = UOp(UOps.VECTORIZE, vdt, tuple(scalar(m) for m in g.members))
     elif g.kind == "acc": v = UOp(UOps.DEFINE_ACC, vdt, tuple(scalar(s) for s in m0.src), m0.arg)
     elif g.kind == "phi": v = UOp(UOps.PHI, vdt, (vec[self.of[m0.src[0]][0]], vec[self.of[m0.src[1]][0]]))
-    elif g.kind == "store": v = UOp(UOps.STORE, None, (scalar(m0.src[0]), scalar(m0.src[1]), vec[self.of[m0.src[2]][0]]))
+    elif g.kind == "store":
+      v = UOp(UOps.STORE, None, (scalar(m0.src[0]), scalar(m0.src[1]), vec[self.of[m0.src[2]][0]]))
     else:
       srcs = []
       for p in g.parts:

@@ -71,15 +71,18 @@ class CPUDevice(Compiled):
   """Kernels are C functions `void name(T* data0, ..., int var, ...)` called from the launching thread (a parallel
   kernel starts its workers itself); Program global and local sizes are None (the loops are inside).
   `profile` is "native" (NativeCRenderer for this host: `threads` (default CPU_THREADS, else the usable cores),
-  `parallel` "openmp" | "pthread" | "none", `vector_width` (default from the ISA)) or "static" (the spec's CRenderer).
+  `parallel` "pthread" (default) | "openmp" | "none", `vector_width` (default from the ISA), `min_parallel_work`) or
+  "static" (the spec's CRenderer).
   `extra_flags` are appended to the compiler command."""
   name = "CPU"
 
   def __init__(self, extra_flags: tuple[str, ...] = (), profile: str = "native", threads: Optional[int] = None,
-               parallel: Optional[str] = None, vector_width: Optional[int] = None):
+               parallel: Optional[str] = None, vector_width: Optional[int] = None,
+               min_parallel_work: Optional[int] = None):
     if profile not in ("native", "static"): raise UnsupportedError(f"CPU profile must be native or static: {profile!r}")
     self.extra_flags = tuple(extra_flags)
     self.profile, self._threads, self._parallel, self._vector_width = profile, threads, parallel, vector_width
+    self._min_work = min_parallel_work
     self._cc: Optional[str] = None
     super().__init__()
 
@@ -89,9 +92,10 @@ class CPUDevice(Compiled):
 
   def _make_renderer(self) -> Renderer:
     if self.profile == "static": return CRenderer()
-    parallel = self._parallel
-    if parallel is None: parallel = "openmp" if find_compiler() is None or openmp_flags(self.cc) else "pthread"
-    return NativeCRenderer(vector_width=self._vector_width, threads=self._threads, parallel=parallel)
+    parallel = self._parallel or "pthread"
+    if parallel == "openmp" and find_compiler() is not None and not openmp_flags(self.cc): parallel = "pthread"
+    kw = {} if self._min_work is None else {"min_parallel_work": self._min_work}
+    return NativeCRenderer(vector_width=self._vector_width, threads=self._threads, parallel=parallel, **kw)
 
   @property
   def cc(self) -> str:
@@ -101,7 +105,8 @@ class CPUDevice(Compiled):
     return self._cc
 
   def flags(self) -> tuple[str, ...]:
-    threads = ("-pthread",) + openmp_flags(self.cc) if self.profile == "native" else ()
+    threads = ("-pthread",) + (openmp_flags(self.cc) if self.renderer.parallel == "openmp" else ()) \
+      if self.profile == "native" else ()
     return BASE_FLAGS + toolchain(self.cc)[1] + threads + self.extra_flags
 
   def compiler_id(self) -> str:
