@@ -183,6 +183,13 @@ class _Lowerer:
 
   # ***** per-lane index expressions *****
 
+  def _expr(self, st: ShapeTracker, idxs: list[Node]) -> tuple[Node, Node]:
+    """st.expr_idxs at idxs, with index 0 on st's size-1 axes: a reduce's output (and whatever is computed from it)
+    has size 1 on the reduce axes, so its index and mask must not depend on the reduce loops or unrolled lanes."""
+    if any(s == 1 and not (isinstance(i, NumNode) and i.b == 0) for s, i in zip(st.shape, idxs)):
+      idxs = [NumNode(0) if s == 1 else i for s, i in zip(st.shape, idxs)]
+    return st.expr_idxs(idxs)
+
   def per_lane(self, node: Node, is_bool: bool = False) -> list[UOp]:
     """The UOp of node for each lane (upcast variables replaced by the lane's indices)."""
     vs = [j for v, j in self.up_vars.items() if v in node.vars()]
@@ -260,7 +267,7 @@ class _Lowerer:
   def _const_buf(self, x: LazyOp) -> list[UOp]:
     dt = x.arg.dtype
     c = UOp.const(dt, x.arg.val)
-    _, valid = x.arg.st.expr_idxs(self.idxs)
+    _, valid = self._expr(x.arg.st, self.idxs)
     if valid.min == 1: return [c] * len(self.lanes)
     zero = UOp.const(dt, 0)
     return [_alu(TernaryOps.WHERE, dt, v, c, zero) if v.op is not UOps.CONST else (c if v.arg else zero)
@@ -277,11 +284,11 @@ class _Lowerer:
       stores = dedup(self.lower(x.src[0]))
       buf = stores[0].src[0]
       barrier = UOp(UOps.BARRIER, None, tuple(stores))
-      idx, valid = mb.st.expr_idxs(self.ridxs)
+      idx, valid = self._expr(mb.st, self.ridxs)
       if valid.min != 1: raise UnsupportedError("a masked local buffer load is not supported")
       return [UOp(UOps.LOAD, dt, (buf, i, barrier)) for i in self.per_lane(idx)]
     buf = self._buf(mb)
-    idx, valid = mb.st.expr_idxs(self.idxs)
+    idx, valid = self._expr(mb.st, self.idxs)
     if isinstance(dt, ImageDType): return self._image_load(dt, buf, idx, valid)
     idxs, valids = self.per_lane(idx), self.per_lane(valid, True)
     zero = UOp.const(dt, 0)
@@ -346,11 +353,11 @@ class _Lowerer:
     if mb.idx < 0:
       buf = self._buf(mb)
       self.local_n += 1
-      idx, valid = mb.st.expr_idxs(self.idxs)
+      idx, valid = self._expr(mb.st, self.idxs)
       if valid.min != 1: raise UnsupportedError("a masked local buffer store is not supported")
       return [UOp(UOps.STORE, None, (buf, i, v)) for i, v in zip(self.per_lane(idx), vals)]
     buf = self._buf(mb)
-    idx, valid = mb.st.expr_idxs(self.idxs)
+    idx, valid = self._expr(mb.st, self.idxs)
     idxs, valids = self.per_lane(idx), self.per_lane(valid, True)
     if self.group:  # only the first thread of each group writes the combined result
       firsts = [_alu(BinaryOps.CMPLT, dtypes.bool, self.render(self.idxs[a]), _const(1)) for a in self.group]
