@@ -58,7 +58,7 @@ class SearchConfig:
   max_rounds: int = 12
   executor: Optional[cf.Executor] = field(default=None, compare=False)
   workers: int = 2
-  progress: bool = True
+  progress: Optional[bool] = None   # None: on when DEBUG asks or stderr is a terminal
   cutoff: float = 3.0
   min_time_s: float = 0.003
   compile_timeout_s: float = 10.0   # a candidate whose build takes longer is dropped (its compiler runs on unobserved)
@@ -196,9 +196,7 @@ def _render_task(task: _RenderTask) -> tuple[Optional[Program], str]:
 
 def _device_spec(dev: Compiled) -> Optional[tuple[str, tuple]]:
   """(name, options) that reopen dev with Device.open in another process, or None if dev wasn't opened that way."""
-  for (name, options), d in getattr(Device, "_open", {}).items():
-    if d is dev: return name, options
-  return None
+  return (dev.name, tuple(sorted(dev.options.items()))) if dev in Device.opened() else None
 
 def _knobs() -> dict[str, Any]:
   cfg = getconfig()
@@ -334,7 +332,8 @@ class _Search:
     self.threads: Optional[cf.ThreadPoolExecutor] = None
     self.ast_json = ops.ast_to_json(kernel.ast)
     self.ast_digest = ops.ast_digest(kernel.ast)
-    self.progress = _Progress(cfg.progress, ansistrip(kernel.name))
+    show = cfg.progress if cfg.progress is not None else (getconfig().DEBUG >= 1 or sys.stderr.isatty())
+    self.progress = _Progress(show, ansistrip(kernel.name))
     self.best_time = math.inf
 
   def out_of_time(self, grace: bool = False) -> bool:
@@ -526,7 +525,7 @@ class _Search:
 def _device(kernel: Kernel, buffers: Optional[Sequence[Buffer]], device: Optional[Compiled]) -> Compiled:
   """device, else the open device whose renderer the kernel uses, else the buffers' device, else the dialect's."""
   if device is not None: return device
-  for d in getattr(Device, "_open", {}).values():
+  for d in Device.opened():
     if d.renderer is kernel.opts: return d
   return buffers[0].dev if buffers else Device[kernel.opts.device]
 

@@ -1,11 +1,13 @@
 """The UOp IR that the lowerer produces, the graph rewrites transform and the renderers spell; `flops_mem`
-estimates work from a linearized list. Imports dtype, helpers and ops."""
+estimates work from a linearized list. Imports dtype, errors, ops and shape/symbolic."""
 from __future__ import annotations
 import weakref
 from enum import Enum, auto
 from typing import Any, Optional
 from kernopt.dtype import DType, dtypes
+from kernopt.errors import ShapeError
 from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
+from kernopt.shape.symbolic import NumNode
 
 class UOps(Enum):
   """Each kind's sources and argument ("-" for none):
@@ -84,9 +86,29 @@ class UOp:
     return UOp(UOps.ALU, out, (self,) + src, op)
   def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(UOps.CAST, dtype, (self,))
 
-def flops_mem(uops: list[UOp]) -> tuple[Any, Any]:
+# ops whose value only flows on to their users: when every use is an address or a guard, so is theirs
+_PURE = frozenset({UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.VECTORIZE, UOps.GEP, UOps.CONST})
+
+def _data_uops(uops: list[UOp]) -> set[UOp]:
+  """The uops whose value some data use needs: everything except what only feeds LOAD/STORE addresses, their
+  validity guards, IF conditions and loop bounds (a pure op is data when one of its users uses it as data)."""
+  data: set[UOp] = set()
+  for u in reversed(uops):  # users come after their sources
+    op = u.op
+    if op in _PURE:
+      if u in data: data.update(u.src)
+    elif op is UOps.LOAD:
+      if len(u.src) == 4: data.add(u.src[3])
+    elif op is UOps.STORE: data.add(u.src[2])
+    elif op not in (UOps.IF, UOps.RANGE): data.update(u.src)
+  return data
+
+def flops_mem(uops: list[UOp], ignore_indexing: bool = True) -> tuple[Any, Any]:
   """(ALU operations, bytes loaded and stored from global memory) executed by one launch of a linearized
-  program: counts inside a RANGE are multiplied by its trip count; lanes of vector ops count each."""
+  program: counts inside a RANGE are multiplied by its trip count (a symbolic Node when the bounds are);
+  lanes of vector ops count each. With ignore_indexing, ALU ops whose only uses are addresses, validity guards
+  and loop bounds are not counted."""
+  data = _data_uops(uops) if ignore_indexing else None
   flops: Any = 0
   mem: Any = 0
   mults: Any = 1
@@ -100,6 +122,7 @@ def flops_mem(uops: list[UOp]) -> tuple[Any, Any]:
     elif u.op is UOps.SPECIAL:
       mults = mults * u.arg[2]
     elif u.op is UOps.ALU:
+      if data is not None and u not in data: continue
       w = u.dtype.count if u.dtype is not None else 1
       if u.arg is TernaryOps.MULACC: w *= 2
       flops += mults * w
@@ -114,9 +137,24 @@ def flops_mem(uops: list[UOp]) -> tuple[Any, Any]:
   return flops, mem
 
 def _trip_count(rng: UOp) -> Any:
-  start, end = rng.src
-  if start.op is UOps.CONST and end.op is UOps.CONST: return end.arg - start.arg
-  if start.op is UOps.CONST and end.op is UOps.DEFINE_VAR: return end.arg - start.arg
-  return 1
+  start, end = (_sym(s) for s in rng.src)
+  if start is None or end is None: return 1
+  n = end - start
+  return n.b if isinstance(n, NumNode) else n
+
+def _sym(u: UOp) -> Any:
+  """The int or symbolic Node a loop-bound UOp evaluates to (constants, variables, ADD/MUL/IDIV), else None."""
+  if u.op is UOps.CONST: return u.arg if isinstance(u.arg, int) and not isinstance(u.arg, bool) else None
+  if u.op is UOps.DEFINE_VAR: return u.arg
+  if u.op is not UOps.ALU or u.arg not in _SYM_OPS or len(u.src) != 2: return None
+  a, b = _sym(u.src[0]), _sym(u.src[1])
+  if a is None or b is None: return None
+  if isinstance(a, int) and not isinstance(b, int):
+    if u.arg is BinaryOps.IDIV: return None
+    a, b = b, a
+  try: return _SYM_OPS[u.arg](a, b)
+  except (ShapeError, ZeroDivisionError): return None
+
+_SYM_OPS = {BinaryOps.ADD: lambda a, b: a + b, BinaryOps.MUL: lambda a, b: a * b, BinaryOps.IDIV: lambda a, b: a // b}
 
 __all__ = ["UOps", "UOp", "flops_mem", "UnaryOps"]

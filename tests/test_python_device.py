@@ -360,6 +360,13 @@ def _run_and_check(dev, case, prg):
 @pytest.mark.parametrize("case", _catalogue(), ids=lambda c: c.name)
 def test_catalogue_on_emulated_dialects(case, emulate):
   dev = Device.open("PYTHON", emulate=emulate)
+  if "image" in case.tags and emulate is not None:
+    from kernopt.errors import UnsupportedError
+    from kernopt.kernel import Kernel
+    with pytest.raises(UnsupportedError, match="image"):  # DESIGN.md: only OpenCL (and generic PYTHON) have images
+      k = Kernel(case.ast, opts=dev.renderer).required_optimizations().hand_coded_optimizations()
+      k.to_program()
+    return
   _, prg = _program(dev, case)
   _run_and_check(dev, case, prg)
 
@@ -373,3 +380,43 @@ def test_tensor_core_shapes_without_wmma(name, emulate):
   k, prg = _program(dev, cases[name], use_tc=2)
   assert any(o.op.name == "TC" for o in k.applied_opts), k.applied_opts
   _run_and_check(dev, cases[name], prg)
+
+@pytest.mark.parametrize("tc_opt", [0, 1, 2])
+@pytest.mark.parametrize("name,emulate", [("matmul_half", "CUDA"), ("matmul_bf16", "CUDA"), ("matmul_half", "METAL"),
+                                          ("matmul_64", "METAL"), ("matmul_half", "AMD")])
+def test_tensor_cores_with_wmma_at_every_tc_opt_level(name, emulate, tc_opt):
+  """USE_TC=1: the emulated WMMA with each vendor's fragment layout; the catalogue's matmuls are square multiples
+  of every tensor core's dims, so the spec applies them at each TC_OPT level."""
+  from kernopt.helpers import config_override
+  from kernopt.ops import ReduceOps
+  cases = {c.name: c for c in _catalogue()}
+  dev = Device.open("PYTHON", emulate=emulate)
+  with config_override(TC_OPT=tc_opt):
+    k, prg = _program(dev, cases[name], use_tc=1)
+  assert k.tensor_core is not None and k.applied_opts[0].op.name == "TC"
+  assert any(op.op is ReduceOps.WMMA for op in k.get_optimized_ast().lazyops)
+  assert any(u.op is UOps.WMMA for u in prg.uops)
+  _run_and_check(dev, cases[name], prg)
+
+def _without_barriers(uops):
+  """The same program with every BARRIER dropped (and the loads that waited on one rebuilt without it)."""
+  new: dict = {}
+  def rebuild(u):  # sources first: a DEFINE_ACC names RANGEs that come later in the list
+    if u not in new: new[u] = UOp(u.op, u.dtype, tuple(rebuild(s) for s in u.src if s.op is not UOps.BARRIER), u.arg)
+    return new[u]
+  return [rebuild(u) for u in uops if u.op is not UOps.BARRIER]
+
+def test_missing_barrier_in_a_group_kernel_is_reported():
+  """A GROUPTOP reduction from the Kernel, with its barrier removed: the second stage reads partial sums that other
+  threads wrote with no barrier in between, which the emulator reports naming the kernel and the local buffer."""
+  import dataclasses
+  from kernopt.kernel import OptOps
+  case = {c.name: c for c in _catalogue()}["sum_axis1"]
+  dev = Device.open("PYTHON")
+  k, prg = _program(dev, case)
+  assert any(o.op is OptOps.GROUPTOP for o in k.applied_opts)
+  _run_and_check(dev, case, prg)  # with its barrier it is right
+  assert any(u.op is UOps.BARRIER for u in prg.uops)
+  broken = dataclasses.replace(prg, uops=tuple(_without_barriers(prg.uops)), src=prg.src + "// no barrier")
+  with pytest.raises(RaceError, match=rf"{prg.name}.*temp"):
+    _run_and_check(dev, case, broken)

@@ -9,7 +9,7 @@ from typing import Any, Optional
 from kernopt.dtype import DType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.helpers import getconfig
-from kernopt.ops import BinaryOps
+from kernopt.ops import BinaryOps, exec_alu
 from kernopt.renderers.cstyle import CRenderer
 from kernopt.renderers.vectorize import pack_lanes
 from kernopt.uops import UOp, UOps, flops_mem
@@ -55,11 +55,12 @@ class NativeCRenderer(CRenderer):
     self.max_upcast = max(8, 2 * self.vector_width)
     self.schedule = "static"
     self.min_parallel_work = min_parallel_work
+    self.interchange = True
     self._loop: Optional[UOp] = None
 
   def capabilities(self) -> dict[str, Any]:
     return {**super().capabilities(), "vector_width": self.vector_width, "threads": self.threads,
-            "parallel": self.parallel, "min_parallel_work": self.min_parallel_work}
+            "parallel": self.parallel, "min_parallel_work": self.min_parallel_work, "interchange": self.interchange}
 
   def __repr__(self) -> str:
     return f"NativeCRenderer(vector_width={self.vector_width}, threads={self.threads}, parallel={self.parallel!r})"
@@ -108,7 +109,9 @@ class NativeCRenderer(CRenderer):
             f"{var} = ({var}+1-({start})) % {chunk} == 0 ? {claim} : {var}+1) {{"]
 
   def render(self, name: str, uops: list[UOp]) -> str:
-    uops = pack_lanes(list(uops), self.vector_width)
+    uops = list(uops)
+    if self.interchange: uops = interchange_outer_loops(uops)
+    uops = pack_lanes(uops, self.vector_width)
     self._loop = self.parallel_loop(uops)
     try:
       src = super().render(name, uops)
@@ -137,3 +140,44 @@ def _pthread_kernel(r: NativeCRenderer, name: str, params: list[str], body: list
           f"  {name}_part({', '.join(names + ['&next'])});\n"
           f"  for (int t = 1; t < {r.threads}; t++) if (started[t]) pthread_join(th[t], 0);\n}}\n")
   return f"{head}\n{part}{thr}{main}"
+
+# ***** loop order *****
+
+def _index_value(u: UOp, env: dict[UOp, int], memo: dict[UOp, Optional[int]]) -> Optional[int]:
+  """The integer value of index expression u with the loops in env (others at 0); None if it reads memory."""
+  if u in memo: return memo[u]
+  ret: Optional[int] = None
+  if u.op is UOps.CONST and isinstance(u.arg, int): ret = u.arg
+  elif u.op in (UOps.RANGE, UOps.DEFINE_VAR): ret = env.get(u, 0)
+  elif u.op is UOps.ALU and u.dtype is not None and u.dtype.count == 1:
+    vals = [_index_value(s, env, memo) for s in u.src]
+    if all(v is not None for v in vals): ret = exec_alu(u.arg, u.src[-1].dtype, tuple(vals))
+  memo[u] = ret
+  return ret
+
+def _reduce_stride(idx: UOp, rng: UOp) -> Optional[int]:
+  lo, hi = _index_value(idx, {}, {}), _index_value(idx, {rng: 1}, {})
+  return None if lo is None or hi is None else hi - lo
+
+def interchange_outer_loops(uops: list[UOp]) -> list[UOp]:
+  """Swap the two outermost loops when both are non-reduce, perfectly nested (only index math between them), and
+  some load inside walks the reduce loop with a stride > 1 and depends on the inner one but not the outer one
+  (matmul's B): each of its panels is then reused by every iteration of the other loop instead of being streamed
+  again per tile. Every output element is still computed by the same code in the same order."""
+  ranges = [i for i, u in enumerate(uops) if u.op is UOps.RANGE]
+  if len(ranges) < 3: return uops
+  i0, i1 = ranges[0], ranges[1]
+  r0, r1 = uops[i0], uops[i1]
+  if r0.arg[1] or r1.arg[1] or any(u.op not in (UOps.ALU, UOps.CONST) for u in uops[i0 + 1:i1]): return uops
+  if r0 in r1.parents: return uops
+  ends = {u.src[0]: i for i, u in enumerate(uops) if u.op is UOps.ENDRANGE}
+  if r0 not in ends or r1 not in ends or ends[r0] != ends[r1] + 1: return uops
+  reduces = [u for u in uops if u.op is UOps.RANGE and u.arg[1]]
+  def streamed(ld: UOp) -> bool:
+    deps = ld.src[1].parents | {ld.src[1]}
+    return r1 in deps and r0 not in deps and \
+      any(red in deps and (st := _reduce_stride(ld.src[1], red)) is not None and abs(st) > 1 for red in reduces)
+  if not any(u.op is UOps.LOAD and u.src[0].op is UOps.DEFINE_GLOBAL and len(u.src) == 2 and streamed(u)
+             for u in uops[i1:]): return uops
+  body = uops[i1 + 1:ends[r1]]
+  return uops[:i0] + [r1, r0] + uops[i0 + 1:i1] + body + [uops[ends[r0]], uops[ends[r1]]] + uops[ends[r0] + 1:]

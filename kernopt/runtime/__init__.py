@@ -20,6 +20,7 @@ def np_dtype(dt: DType) -> np.dtype:
 class Compiled:
   """A device: an allocator, a compiler and a launcher. Subclasses implement the underscored methods."""
   name: str = ""
+  options: dict[str, Any] = {}   # what Device.open was given, so other processes can open the same device
 
   def __init__(self) -> None:
     self.renderer: Renderer = self._make_renderer()
@@ -135,9 +136,13 @@ class _DeviceRegistry:
       if name not in _DEVICES: raise UnsupportedError(f"unknown device {name!r}; known: {sorted(_DEVICES)}")
       module = importlib.import_module(_DEVICES[name])
       dev = self._open[key] = module.DEVICE_CLASS(**options)
+      dev.options = dict(options)
     return dev
 
   def __getitem__(self, name: str) -> Compiled: return self.open(name)
+  def opened(self) -> list[Compiled]:
+    """The devices opened so far in this process."""
+    return list(self._open.values())
 
   @property
   def DEFAULT(self) -> str: return (getconfig().DEVICE or "CPU").upper()
