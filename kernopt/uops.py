@@ -1,7 +1,7 @@
 """The UOp IR that the lowerer produces, the graph rewrites transform and the renderers spell; `flops_mem`
 estimates work from a linearized list. Imports dtype, errors, ops and shape/symbolic."""
 from __future__ import annotations
-import weakref
+import sys
 from enum import Enum, auto
 from typing import Any, Optional
 from kernopt.dtype import DType, dtypes
@@ -39,6 +39,8 @@ class UOps(Enum):
   ALU = auto(); CAST = auto(); BITCAST = auto(); VECTORIZE = auto(); GEP = auto(); PHI = auto() # noqa: E702
   IF = auto(); ENDIF = auto(); BARRIER = auto(); WMMA = auto() # noqa: E702
 
+UOps.__hash__ = object.__hash__  # type: ignore[method-assign,assignment]  # members are singletons: hash by identity
+
 class UOp:
   """An interned, immutable node: UOp(op, dtype, src, arg) returns the existing node for equal arguments, so
   equality and hashing are identity and sharing is automatic."""
@@ -47,17 +49,22 @@ class UOp:
   dtype: Optional[DType]
   src: tuple[UOp, ...]
   arg: Any
-  _interned: weakref.WeakValueDictionary[tuple, UOp] = weakref.WeakValueDictionary()
 
   def __new__(cls, op: UOps, dtype: Optional[DType] = None, src: tuple[UOp, ...] = (), arg: Any = None) -> UOp:
-    key = (op, dtype, tuple(map(id, src)), arg if not isinstance(arg, float) else (type(arg), repr(arg)))
-    if (ret := UOp._interned.get(key)) is not None: return ret
+    if type(src) is not tuple: src = tuple(src)
+    # dtypes are keyed by the identity of one canonical equal object, enum args by identity (cheap hashes)
+    dk = None if dtype is None else (_dtype_ids.get(id(dtype)) or _dtype_id(dtype))
+    t = type(arg)
+    ak = arg if t not in _IDENTITY_ARGS else (t, id(arg)) if t is not float else (float, repr(arg))
+    key = (op, dk, src, ak)
+    if (ret := _interned.get(key)) is not None: return ret
     ret = object.__new__(cls)
-    object.__setattr__(ret, "op", op)
-    object.__setattr__(ret, "dtype", dtype)
-    object.__setattr__(ret, "src", tuple(src))
-    object.__setattr__(ret, "arg", arg)
-    UOp._interned[key] = ret
+    _set_op(ret, op)
+    _set_dtype(ret, dtype)
+    _set_src(ret, src)
+    _set_arg(ret, arg)
+    _interned[key] = ret
+    if len(_interned) > _sweep_at[0]: _sweep()
     return ret
 
   def __setattr__(self, name: str, value: Any) -> None: raise AttributeError(f"UOp is immutable (setting {name})")
@@ -85,6 +92,34 @@ class UOp:
                     (src[0].dtype if op is TernaryOps.WHERE else self.dtype))
     return UOp(UOps.ALU, out, (self,) + src, op)
   def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(UOps.CAST, dtype, (self,))
+
+_set_op, _set_dtype, _set_src, _set_arg = (getattr(UOp, f).__set__ for f in ("op", "dtype", "src", "arg"))
+_interned: dict[tuple, UOp] = {}
+_sweep_at = [1 << 16]
+_dtype_ids: dict[int, int] = {}           # id(a DType object) -> id of the canonical equal one
+_dtype_keep: dict[int, DType] = {}        # the objects behind those ids, kept alive so no id is reused
+_dtype_canon: dict[DType, DType] = {}
+_IDENTITY_ARGS = frozenset({UnaryOps, BinaryOps, TernaryOps, float})
+
+def _dtype_id(dt: DType) -> int:
+  if len(_dtype_keep) > 4096:
+    _dtype_ids.clear()
+    _dtype_keep.clear()
+  canon = _dtype_canon.setdefault(dt, dt)
+  _dtype_keep[id(dt)] = dt
+  _dtype_ids[id(dt)] = id(canon)
+  return id(canon)
+
+def _sweep() -> None:
+  """Drop the interned UOps nothing else references (the table holds plain references: a weak-value table costs
+  more per lookup). Newest first, so a dropped node's sources are seen after it has released them."""
+  refcount, keys = sys.getrefcount, list(_interned)
+  while keys:
+    k = keys.pop()
+    u = _interned[k]
+    if refcount(u) <= 3: del _interned[k]  # referenced by the table, u and the call's argument only
+    del k, u
+  _sweep_at[0] = max(1 << 16, 2 * len(_interned))
 
 # ops whose value only flows on to their users: when every use is an address or a guard, so is theirs
 _PURE = frozenset({UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.VECTORIZE, UOps.GEP, UOps.CONST})

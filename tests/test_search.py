@@ -205,15 +205,14 @@ def test_tune_all_on_a_dask_cluster(monkeypatch, tmp_path):
       results = S.tune_all(asts, device="CPU", executor=client.get_executor(), config=cfg,
                            device_options={"threads": 1})
       assert set(results) == {kernopt.ops.ast_digest(a) for a in asts}
-      differs = 0
       for name, ast in zip(names, asts):
-        opts = results[kernopt.ops.ast_digest(ast)]
         k = kernel_of(name)
-        for o in opts: k.apply_opt(o)
+        for o in results[kernopt.ops.ast_digest(ast)]: k.apply_opt(o)
         check_numpy(k, catalogue.get(name))
-        differs += list(hand_coded(kernel_of(name)).applied_opts) != opts
+      # each worker really searched: beyond the hand-coded start it compiled and timed other candidates, and the
+      # winner (hand-coded or not, whichever timed faster on that worker) was validated against the unoptimized kernel
       entries = [S.lookup(kernel_of(n), config=cfg) for n in names]
-      assert differs >= 1, entries
+      assert all(e["compiled"] >= 2 and e["timed"] >= 2 and e["validated"] for e in entries), entries
       monkeypatch.setattr(S, "search", _no_search)  # merged into this process's cache
       for name, ast in zip(names, asts):
         hit = S.search_or_cached(kernel_of(name), config=cfg)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 from kernopt.dtype import DType, ImageDType, dtypes
-from kernopt.ops import BinaryOps
+from kernopt.ops import BinaryOps, TernaryOps
 from kernopt.uops import UOp, UOps
 
 VECTOR_ALU = frozenset((BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX))
@@ -22,7 +22,9 @@ class _Group:
   live: bool = True
 
 def _base_offset(idx: UOp) -> tuple[Optional[UOp], int]:
-  """idx as (base, constant offset); base None for a constant index."""
+  """idx as (base, constant offset); base None for a constant index. A gated load's index guarded as
+  WHERE(valid, idx, 0) is looked through (such loads are only gathered, never read as a vector)."""
+  if idx.op is UOps.ALU and idx.arg is TernaryOps.WHERE: idx = idx.src[1]
   if idx.op is UOps.CONST: return None, idx.arg
   if idx.op is UOps.ALU and idx.arg is BinaryOps.ADD and idx.src[1].op is UOps.CONST and \
      isinstance(idx.src[1].arg, int): return idx.src[0], idx.src[1].arg
@@ -76,8 +78,10 @@ class _Packer:
     for u in self.uops:
       if u.op is UOps.LOAD and len(u.src) in (2, 4) and u.dtype in VECTOR_DTYPES and _plain_global(u.src[0]):
         base, off = _base_offset(u.src[1])
-        by_key.setdefault((u.src[0], base, self.scope[u], len(u.src) == 4), {})[off] = u
-    for members in self.contiguous(by_key): self.add("gather" if len(members[0].src) == 4 else "load", members)
+        by_key.setdefault((u.src[0], base, self.scope[u]), {})[off] = u
+    for members in self.contiguous(by_key):
+      plain = all(len(m.src) == 2 and not (m.src[1].op is UOps.ALU and m.src[1].arg is TernaryOps.WHERE) for m in members)
+      self.add("load" if plain else "gather", members)
 
   def alu_key(self, u: UOp) -> Optional[tuple[Any, int]]:
     lane: Optional[int] = None
@@ -232,7 +236,10 @@ class _Packer:
       srcs = []
       for p in g.parts:
         if p[0] != "s": srcs.append(vec[p[1]])
-        elif p[1].op is UOps.CONST: srcs.append(UOp(UOps.CONST, vdt, (), p[1].arg))
+        elif p[1].op is UOps.CONST:
+          c = UOp(UOps.CONST, vdt, (), p[1].arg)
+          out.append(c)
+          srcs.append(c)
         else:
           b = UOp(UOps.VECTORIZE, vdt, (scalar(p[1]),) * w)
           out.append(b)
