@@ -62,9 +62,8 @@ def hand_coded_cpu(k: Kernel) -> bool:
   vaxis = vector_axis(k, width)
   if k.reduceop is None:
     if vaxis is None: return False
-    # elementwise: two vectors per iteration when the axis allows
-    amt = 2 * width if k.full_shape[vaxis] % (2 * width) == 0 and 2 * width <= k.opts.max_upcast else width
-    return _try(k, "UPCAST", vaxis, amt)
+    # elementwise: one vector per iteration (memory-bound; more lanes only cost codegen time)
+    return _try(k, "UPCAST", vaxis, width)
   if vaxis is not None: return _reduce_tile(k, vaxis, width)
   return _unroll_contiguous_reduce(k, width)
 

@@ -20,7 +20,12 @@ from kernopt.uops import UOp, UOps
 I32 = dtypes.int32
 MAX_ACCS = 32   # independent accumulators of one reduce, at most (CPU registers)
 
-def _const(v: int) -> UOp: return UOp.const(I32, v)
+_CONSTS: dict[int, UOp] = {}
+def _const(v: int) -> UOp:
+  if (u := _CONSTS.get(v)) is None:
+    if len(_CONSTS) > 4096: _CONSTS.clear()
+    u = _CONSTS[v] = UOp.const(I32, v)
+  return u
 def _alu(op: Any, dt: Optional[DType], *src: UOp) -> UOp: return UOp(UOps.ALU, dt, src, op)
 
 def _operand(b: Any, ops: Any, ctx: Any) -> UOp: return _const(b) if isinstance(b, int) else b.render(ops, ctx)
@@ -200,15 +205,33 @@ class _Lowerer:
     if not is_bool and (lin := _linear(node, self.up_vars)) is not None:
       base, strides = lin
       b = self.render(base)
-      offs = [sum(s * ln[j] for j, s in strides.items()) for ln in self.lanes]
+      offs = [0]
+      for j, size in enumerate(self.up_sizes):  # lanes are the product of the upcast ranges, last axis fastest
+        st = strides.get(j, 0)
+        offs = [o + st * k for o in offs for k in range(size)]
       if base.min == base.max: return [_const(base.min + o) for o in offs]
+      if b.op is UOps.ALU and b.arg is BinaryOps.ADD and b.src[1].op is UOps.CONST:
+        # (x + c) + o built as x + (c+o): what the rewrites would make of it, without rebuilding every user
+        x, c = b.src[0], b.src[1].arg
+        return [b if o == 0 else x if c + o == 0 else _alu(BinaryOps.ADD, I32, x, _const(c + o)) for o in offs]
       return [b if o == 0 else _alu(BinaryOps.ADD, I32, b, _const(o)) for o in offs]
     cache: dict[tuple[int, ...], UOp] = {}
     inv = {j: v for v, j in self.up_vars.items()}
+    # a conjunction is substituted conjunct by conjunct, each once per value of the upcast variables it reads
+    # (what AndNode.substitute computes, without redoing the conjuncts a lane shares with others)
+    parts = [(c, [j for j in vs if inv[j] in c.vars()]) for c in node.nodes] if isinstance(node, AndNode) else None
+    done: dict[tuple[int, ...], Node] = {}
+    def part(i: int, c: Node, cvs: list[int], ln: tuple[int, ...]) -> Node:
+      k = (i,) + tuple(ln[j] for j in cvs)
+      if (ret := done.get(k)) is None: ret = done[k] = c.substitute({inv[j]: NumNode(ln[j]) for j in cvs})
+      return ret
     out = []
     for ln in self.lanes:
       key = tuple(ln[j] for j in vs)
-      if key not in cache: cache[key] = fix(self.render(node.substitute({inv[j]: NumNode(ln[j]) for j in vs})))
+      if key not in cache:
+        if parts is None: sub = node.substitute({inv[j]: NumNode(ln[j]) for j in vs})
+        else: sub = Node.ands([part(i, c, cvs, ln) for i, (c, cvs) in enumerate(parts)])
+        cache[key] = fix(self.render(sub))
       out.append(cache[key])
     return out
 

@@ -53,51 +53,138 @@ def _dtype_ok(dt: Optional[DType], want: Union[str, DType]) -> bool:
   return dt == want
 
 Rule = tuple[UPat, Callable[..., Optional[UOp]]]
+Matcher = Callable[[UOp, dict], bool]
+
+_INT_NAMES = frozenset(dt.name for dt in (dtypes.int8, dtypes.int16, dtypes.int32, dtypes.int64, dtypes.uint8,
+                                          dtypes.uint16, dtypes.uint32, dtypes.uint64))
+
+def _dtype_check(want: Union[str, DType]) -> Callable[[Optional[DType]], bool]:
+  if want == "int": return lambda dt: dt is not None and dt.count == 1 and dt.name in _INT_NAMES
+  return lambda dt: _dtype_ok(dt, want)
+
+def _head(ops: Optional[frozenset], arg: Any, name: Optional[str], dcheck: Optional[Callable]) -> Matcher:
+  """The test of one pattern node's own op, arg, dtype and capture, leaving out the checks it doesn't have."""
+  if arg is None and dcheck is None and name is None:
+    return (lambda u, caps: True) if ops is None else (lambda u, caps: u.op in ops)
+
+  def named(u: UOp, caps: dict) -> bool:
+    if ops is not None and u.op not in ops: return False
+    if (prev := caps.get(name)) is not None and prev is not u: return False
+    caps[name] = u  # type: ignore[index]
+    return True
+  if arg is None and dcheck is None: return named
+
+  def full(u: UOp, caps: dict) -> bool:
+    if ops is not None and u.op not in ops: return False
+    if arg is not None and u.arg != arg: return False
+    if dcheck is not None and not dcheck(u.dtype): return False
+    if name is not None:
+      if (prev := caps.get(name)) is not None and prev is not u: return False
+      caps[name] = u
+    return True
+  return full
+
+def compile_upat(p: UPat) -> Matcher:
+  """A closure doing p.match(u, caps) (same captures, same order of tries) without interpreting the pattern."""
+  ops = None if p.op is None else frozenset([p.op] if isinstance(p.op, UOps) else p.op)
+  arg, name, dcheck = p.arg, p.name, (None if p.dtype is None else _dtype_check(p.dtype))
+  subs = None if p.src is None else tuple(compile_upat(x) for x in p.src)
+  n, comm = (0 if subs is None else len(subs)), p.commutative
+
+  head = _head(ops, arg, name, dcheck)
+  if subs is None: return head
+
+  def srcs(fs: tuple[Matcher, ...], us: tuple[UOp, ...], caps: dict) -> bool:
+    trial = dict(caps)
+    for f, x in zip(fs, us):
+      if not f(x, trial): return False
+    caps.update(trial)
+    return True
+
+  def match(u: UOp, caps: dict) -> bool:
+    if not head(u, caps) or len(u.src) != n: return False
+    if srcs(subs, u.src, caps): return True
+    return n == 2 and srcs(subs, (u.src[1], u.src[0]), caps)
+
+  def match_ordered(u: UOp, caps: dict) -> bool:
+    # without a second order to try, a failure fails the whole match: the captures need no copy (a commutative
+    # ancestor matches into a copy of its own)
+    if not head(u, caps) or len(u.src) != n: return False
+    for f, x in zip(subs, u.src):
+      if not f(x, caps): return False
+    return True
+  return match if comm else match_ordered
 
 class PatternMatcher:
-  """An ordered list of rules, indexed by the op each pattern's root matches."""
+  """An ordered list of rules, indexed by the op each pattern's root matches (and by its arg for ALU roots)."""
   def __init__(self, rules: list[Rule]):
     self.rules = rules
-    self.by_op: dict[UOps, list[Rule]] = {}
+    self.by_op: dict[UOps, list[tuple[UPat, Matcher, Callable]]] = {}
     for pat, fn in rules:
       ops = list(UOps) if pat.op is None else ([pat.op] if isinstance(pat.op, UOps) else list(pat.op))
-      for op in ops: self.by_op.setdefault(op, []).append((pat, fn))
-    self._by_key: dict[tuple[UOps, Any], list[Rule]] = {}
+      m = compile_upat(pat)
+      for op in ops: self.by_op.setdefault(op, []).append((pat, m, fn))
+    self._by_key: dict[tuple[UOps, Any], list[tuple[Matcher, Callable, tuple[frozenset, ...]]]] = {}
 
-  def _rules(self, op: UOps, arg: Any) -> list[Rule]:
-    """The rules that can match a root with this op and (hashable) arg, in order."""
+  def _rules(self, op: UOps, arg: Any) -> list[tuple[Matcher, Callable, tuple[frozenset, ...]]]:
+    """(matcher, function, the ops some source must have) of each rule that can match a root with this op and
+    (hashable) arg, in order."""
     key = (op, arg if arg.__hash__ is not None else None)
     if (ret := self._by_key.get(key)) is None:
-      ret = self._by_key[key] = [(p, f) for p, f in self.by_op.get(op, ()) if p.arg is None or p.arg == key[1]]
+      ret = self._by_key[key] = [(m, f, _src_needs(p)) for p, m, f in self.by_op.get(op, ())
+                                 if p.arg is None or p.arg == key[1]]
     return ret
 
   def rewrite(self, u: UOp) -> Optional[UOp]:
     """The first rule's replacement of u, or None."""
-    for pat, fn in self._rules(u.op, u.arg if u.op is UOps.ALU else None):
+    op = u.op
+    rules = self._by_key.get((op, u.arg if op is UOps.ALU else None))
+    if rules is None: rules = self._rules(op, u.arg if op is UOps.ALU else None)
+    src_ops: Optional[set[UOps]] = None
+    for m, fn, needs in rules:
+      if needs:  # a cheap necessary condition before the match
+        if src_ops is None: src_ops = {s.op for s in u.src}
+        if any(src_ops.isdisjoint(n) for n in needs): continue
       caps: dict[str, UOp] = {}
-      if pat.match(u, caps) and (ret := fn(**caps)) is not None and ret is not u: return ret
+      if m(u, caps) and (ret := fn(**caps)) is not None and ret is not u: return ret
     return None
+
+def _src_needs(p: UPat) -> tuple[frozenset, ...]:
+  """For each source pattern of p's root that names ops: those ops (some source of a match has one of them)."""
+  if p.src is None: return ()
+  return tuple(frozenset([x.op] if isinstance(x.op, UOps) else x.op) for x in p.src if x.op is not None)
 
 def graph_rewrite(root: UOp, pm: PatternMatcher) -> UOp:
   """root with every rule applied bottom-up until none matches; each UOp is visited once (memoized)."""
   memo: dict[UOp, UOp] = {}
-  stack: list[tuple[UOp, int, Optional[UOp]]] = [(root, 0, None)]
-  while stack:
-    u, state, alias = stack.pop()
+  rewrite = pm.rewrite
+
+  def settle(n: UOp) -> UOp:
+    """n (whose sources are settled) rewritten until no rule matches; new nodes' sources are settled first."""
+    while (r := rewrite(n)) is not None:
+      if (done := memo.get(r)) is not None: n = done
+      else:
+        src = tuple(memo.get(s) or settle_new(s) for s in r.src)
+        n = r if src == r.src else UOp(r.op, r.dtype, src, r.arg)
+        if (done := memo.get(n)) is not None: return done
+        continue
+      break
+    memo[n] = n
+    return n
+
+  def settle_new(u: UOp) -> UOp:
+    src = tuple(memo.get(s) or settle_new(s) for s in u.src)
+    ret = memo[u] = settle(u if src == u.src else UOp(u.op, u.dtype, src, u.arg))
+    return ret
+
+  for u in toposort(root):
     if u in memo: continue
-    if state == 2:  # u was rewritten to alias, now processed
-      memo[u] = memo[alias]  # type: ignore[index]
-      continue
-    if state == 0:
-      stack.append((u, 1, None))
-      stack.extend((s, 0, None) for s in u.src if s not in memo)
-      continue
-    new_src = tuple(memo[s] for s in u.src)
-    n = u if all(a is b for a, b in zip(new_src, u.src)) else UOp(u.op, u.dtype, new_src, u.arg)
-    if (r := pm.rewrite(n)) is None:
-      memo[u] = memo[n] = n
-    elif r in memo: memo[u] = memo[r]
-    else: stack.extend([(u, 2, r), (r, 0, None)])
+    src = u.src
+    if src:
+      new = tuple([memo[s] for s in src])
+      n = u if new == src else UOp(u.op, u.dtype, new, u.arg)
+    else: n = u
+    memo[u] = memo[n] if n in memo else settle(n)
   return memo[root]
 
 # ***** value bounds of integer UOps *****
@@ -157,7 +244,9 @@ def _add(a: UOp, b: UOp) -> UOp: return UOp(UOps.ALU, a.dtype, (a, b), BinaryOps
 def _mul(a: UOp, b: UOp) -> UOp: return UOp(UOps.ALU, a.dtype, (a, b), BinaryOps.MUL)
 
 def fold_alu(x: UOp) -> Optional[UOp]:
-  if x.dtype is None or x.dtype.count != 1 or not all(s.op is UOps.CONST for s in x.src): return None
+  for s in x.src:
+    if s.op is not UOps.CONST: return None
+  if x.dtype is None or x.dtype.count != 1: return None
   return _c(x, exec_alu(x.arg, x.dtype, tuple(s.arg for s in x.src)))
 
 def fold_cast(x: UOp, c: UOp) -> Optional[UOp]:
@@ -309,17 +398,19 @@ def _param_key(u: UOp) -> tuple:
 def toposort(root: UOp) -> list[UOp]:
   """Every UOp reachable from root, sources before users (iterative DFS, deterministic)."""
   order: list[UOp] = []
-  seen: set[UOp] = set()
-  stack: list[tuple[UOp, bool]] = [(root, False)]
+  state: dict[UOp, bool] = {}   # False: its sources are being visited, True: placed in order
+  stack = [root]
   while stack:
-    u, done = stack.pop()
-    if done:
-      order.append(u)
+    u = stack.pop()
+    if (st := state.get(u)) is not None:
+      # in a DAG a node met again while its sources are pending is its own second entry: place it
+      if not st:
+        state[u] = True
+        order.append(u)
       continue
-    if u in seen: continue
-    seen.add(u)
-    stack.append((u, True))
-    stack.extend((s, False) for s in reversed(u.src) if s not in seen)
+    state[u] = False
+    stack.append(u)
+    stack.extend([s for s in reversed(u.src) if s not in state])
   return order
 
 def linearize(sink: UOp, opts: Any = None) -> list[UOp]:
@@ -345,27 +436,31 @@ def order_uops(sink: UOp) -> list[UOp]:
   depth: dict[Optional[UOp], int] = {None: 0}
   for r in sorted(parent, key=lambda r: pos[r]): _depth(r, parent, depth)
 
-  def deepest(cands: list[Optional[UOp]]) -> Optional[UOp]:
-    best: Optional[UOp] = None
-    for c in cands:
-      if depth[c] > depth[best]: best = c
-    return best
-
+  RANGE, DEFINE_ACC, PHI, STORE = UOps.RANGE, UOps.DEFINE_ACC, UOps.PHI, UOps.STORE
   scope: dict[UOp, Optional[UOp]] = {}   # the innermost loop u runs in
   after: dict[UOp, Optional[UOp]] = {}   # the innermost loop u's value is available in
+  block: dict[UOp, Optional[UOp]] = {}   # the block u is an item of: a RANGE's parent, else u's scope
   for u in topo:
-    if u.op is UOps.RANGE: s = u
-    elif u.op is UOps.DEFINE_ACC: s = parent[min(u.src, key=lambda r: depth[r])]
-    elif u.op is UOps.PHI: s = deepest([after[x] for x in u.src] + [max(u.src[0].src, key=lambda r: depth[r])])
-    else: s = deepest([after[x] for x in u.src])
-    scope[u] = s
-    # an accumulator's running value is read inside its loops (e.g. as a WMMA's C operand), its final one after them
-    if u.op is UOps.DEFINE_ACC and u.src: after[u] = max(u.src, key=lambda r: depth[r])
-    elif u.op is UOps.PHI: after[u] = parent[min(u.src[0].src, key=lambda r: depth[r])]
-    else: after[u] = s
+    op = u.op
+    if op is RANGE:
+      scope[u] = after[u] = u
+      block[u] = parent[u]
+      continue
+    if op is DEFINE_ACC:
+      sc: Optional[UOp] = parent[min(u.src, key=depth.__getitem__)]
+      # an accumulator's running value is read inside its loops (e.g. as a WMMA's C operand), its final one after
+      after[u] = max(u.src, key=depth.__getitem__) if u.src else sc
+    else:
+      sc, d = None, 0
+      for x in u.src:  # the deepest loop among the sources' (the first one on ties)
+        if (ax := after[x]) is not None and depth[ax] > d: sc, d = ax, depth[ax]
+      if op is PHI:
+        r = max(u.src[0].src, key=depth.__getitem__)
+        if depth[r] > d: sc = r
+        after[u] = parent[min(u.src[0].src, key=depth.__getitem__)]
+      else: after[u] = sc
+    scope[u] = block[u] = sc
 
-  # the block of each item: a RANGE is an item of its parent's block, everything else of its scope's
-  def block_of(u: UOp) -> Optional[UOp]: return parent[u] if u.op is UOps.RANGE else scope[u]
   def up_to(b: Optional[UOp], d: int) -> Optional[UOp]:
     while depth[b] > d: b = parent[b]  # type: ignore[index]
     return b
@@ -374,35 +469,44 @@ def order_uops(sink: UOp) -> list[UOp]:
   deps: dict[UOp, set[UOp]] = {}
   for u in topo:
     if u.op is UOps.SINK: continue
-    bu = block_of(u)
-    items.setdefault(bu, []).append(u)
-    deps.setdefault(u, set())
-    if u.op is UOps.DEFINE_ACC: continue
+    bu = block[u]
+    if (its := items.get(bu)) is None: items[bu] = [u]
+    else: its.append(u)
+    du = deps.get(u)
+    if du is None: du = deps[u] = set()
+    if u.op is DEFINE_ACC: continue
     for s in u.src:
-      if s.op is UOps.RANGE and up_to(bu, depth[s]) is s: continue  # u is inside loop s
-      bs = block_of(s)
+      bs = block[s]
+      if bs is bu:  # the same block (s can't be a loop u is inside: that RANGE is an item of an outer block)
+        if s is not u: du.add(s)
+        continue
+      if s.op is RANGE and up_to(bu, depth[s]) is s: continue  # u is inside loop s
       # walk both positions up to their common block, then order the items there
       a, b = bu, bs
       ia, ib = u, s
       while depth[a] > depth[b]: ia, a = a, parent[a]  # type: ignore[assignment,index]
       while depth[b] > depth[a]: ib, b = b, parent[b]  # type: ignore[assignment,index]
       while a is not b: ia, a, ib, b = a, parent[a], b, parent[b]  # type: ignore[assignment,index]
-      if ia is not ib: deps.setdefault(ia, set()).add(ib)  # type: ignore[arg-type]
+      if ia is not ib:
+        if (di := deps.get(ia)) is None: di = deps[ia] = set()  # type: ignore[index]
+        di.add(ib)  # type: ignore[arg-type]
 
   out: list[UOp] = []
-  def emit(block: Optional[UOp]) -> None:
-    mine = items.get(block, [])
-    indeg = {u: 0 for u in mine}
+  def key(u: UOp) -> tuple:
+    # parameters first, in argument order; stores last (gated ones grouped by guard, to share one IF)
+    if u.op is STORE: return (10, pos[u.src[3]] if len(u.src) == 4 else -1, pos[u])
+    if u.op in _FIRST: return (_FIRST[u.op],) + _param_key(u) + (pos[u],)
+    return (9, pos[u])
+  def emit(blk: Optional[UOp]) -> None:
+    mine = items.get(blk, [])
+    indeg = dict.fromkeys(mine, 0)
     users: dict[UOp, list[UOp]] = {}
     for u in mine:
       for d in deps[u]:
         if d in indeg:
           indeg[u] += 1
-          users.setdefault(d, []).append(u)
-    def key(u: UOp) -> tuple:
-      # parameters first, in argument order; stores last (gated ones grouped by guard, to share one IF)
-      if u.op is UOps.STORE: return (10, pos[u.src[3]] if len(u.src) == 4 else -1, pos[u])
-      return (_FIRST.get(u.op, 9),) + (_param_key(u) if u.op in _FIRST else ()) + (pos[u],)
+          if (us := users.get(d)) is None: users[d] = [u]
+          else: us.append(u)
     heap = [(key(u), pos[u], u) for u in mine if indeg[u] == 0]
     heapq.heapify(heap)
     done = 0
@@ -413,7 +517,8 @@ def order_uops(sink: UOp) -> list[UOp]:
       for v in users.get(u, ()):
         indeg[v] -= 1
         if indeg[v] == 0: heapq.heappush(heap, (key(v), pos[v], v))
-    assert done == len(mine), "cycle in the UOp graph while linearizing"
+    if done != len(mine):  # an internal invariant: the lowerer builds no graph whose placement needs this
+      raise AssertionError(f"cycle in the UOp graph while linearizing ({len(mine) - done} UOps left in a block)")
   emit(None)
   return out
 

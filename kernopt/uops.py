@@ -1,6 +1,7 @@
 """The UOp IR that the lowerer produces, the graph rewrites transform and the renderers spell; `flops_mem`
 estimates work from a linearized list. Imports dtype, errors, ops and shape/symbolic."""
 from __future__ import annotations
+import itertools
 import sys
 from enum import Enum, auto
 from typing import Any, Optional
@@ -64,7 +65,7 @@ class UOp:
     _set_src(ret, src)
     _set_arg(ret, arg)
     _interned[key] = ret
-    if len(_interned) > _sweep_at[0]: _sweep()
+    if len(_interned) - _sweep_state[0] > _YOUNG: _sweep()
     return ret
 
   def __setattr__(self, name: str, value: Any) -> None: raise AttributeError(f"UOp is immutable (setting {name})")
@@ -86,7 +87,12 @@ class UOp:
 
   # small builders for the lowerer and the rewrites
   @staticmethod
-  def const(dtype: DType, val: Any) -> UOp: return UOp(UOps.CONST, dtype, (), dtypes.as_const(val, dtype))
+  def const(dtype: DType, val: Any) -> UOp:
+    t = type(val)
+    if (t is int and dtype is _I32 and -0x80000000 <= val <= 0x7FFFFFFF) or (t is float and dtype in _FLOATS) or \
+       (t is bool and dtype is _BOOL):
+      return UOp(UOps.CONST, dtype, (), val)  # already dtype's kind and range
+    return UOp(UOps.CONST, dtype, (), dtypes.as_const(val, dtype))
   def alu(self, op: Any, *src: UOp, dtype: Optional[DType] = None) -> UOp:
     out = dtype or (dtypes.bool if op in (BinaryOps.CMPLT, BinaryOps.CMPNE) else
                     (src[0].dtype if op is TernaryOps.WHERE else self.dtype))
@@ -95,10 +101,13 @@ class UOp:
 
 _set_op, _set_dtype, _set_src, _set_arg = (getattr(UOp, f).__set__ for f in ("op", "dtype", "src", "arg"))
 _interned: dict[tuple, UOp] = {}
-_sweep_at = [1 << 16]
+_YOUNG = 1 << 15   # nodes made between sweeps
+_sweep_state = [0, _YOUNG]   # table size after the last sweep, after the last full sweep
 _dtype_ids: dict[int, int] = {}           # id(a DType object) -> id of the canonical equal one
 _dtype_keep: dict[int, DType] = {}        # the objects behind those ids, kept alive so no id is reused
 _dtype_canon: dict[DType, DType] = {}
+_I32, _BOOL = dtypes.int32, dtypes.bool
+_FLOATS = (dtypes.float32, dtypes.float64)
 _IDENTITY_ARGS = frozenset({UnaryOps, BinaryOps, TernaryOps, float})
 
 def _dtype_id(dt: DType) -> int:
@@ -110,16 +119,19 @@ def _dtype_id(dt: DType) -> int:
   _dtype_ids[id(dt)] = id(canon)
   return id(canon)
 
-def _sweep() -> None:
+def _sweep(full: bool = False) -> None:
   """Drop the interned UOps nothing else references (the table holds plain references: a weak-value table costs
-  more per lookup). Newest first, so a dropped node's sources are seen after it has released them."""
-  refcount, keys = sys.getrefcount, list(_interned)
+  more per lookup). Only the nodes made since the last sweep are looked at, unless `full` or the table has doubled
+  since the last full sweep. Newest first, so a dropped node's sources are seen after it has released them."""
+  full = full or len(_interned) > 2 * _sweep_state[1]
+  refcount, keys = sys.getrefcount, list(_interned if full else itertools.islice(_interned, _sweep_state[0], None))
   while keys:
     k = keys.pop()
     u = _interned[k]
     if refcount(u) <= 3: del _interned[k]  # referenced by the table, u and the call's argument only
     del k, u
-  _sweep_at[0] = max(1 << 16, 2 * len(_interned))
+  _sweep_state[0] = len(_interned)
+  if full: _sweep_state[1] = max(_YOUNG, len(_interned))
 
 # ops whose value only flows on to their users: when every use is an address or a guard, so is theirs
 _PURE = frozenset({UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.VECTORIZE, UOps.GEP, UOps.CONST})

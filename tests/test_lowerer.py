@@ -324,3 +324,41 @@ def test_kernel_matmul_16(opts):
   k = Kernel(catalogue._matmul_ast(16, 16, 16), opts=opts).required_optimizations().hand_coded_optimizations()
   a, b = rand(16, 16), rand(16, 16)
   check(k.get_optimized_ast(), opts, [a, b], (a @ b).reshape(16, 16, 1), rtol=1e-4, atol=1e-4)
+
+def _reduce_depth_at(uops, target):
+  """How many reduce RANGEs enclose target in a linearized list."""
+  depth = 0
+  for u in uops:
+    if u is target: return depth
+    if u.op is UOps.RANGE and u.arg[1]: depth += 1
+    elif u.op is UOps.ENDRANGE and u.src[0].arg[1]: depth -= 1
+  raise AssertionError("not in the list")
+
+@pytest.mark.parametrize("first", [[], ["UNROLL"]], ids=["padto", "unroll_padto"])
+def test_padto_on_a_kept_axis_of_a_reduce(first):
+  """The padded output view has a (0, 1) mask on the reduce axis: its index there must be 0, not the loop index,
+  or the store lands inside the reduce loop (and with UNROLL the placement had a cycle)."""
+  from kernopt.kernel import Kernel, Opt, OptOps
+  a, bias = rand(32, 16), rand(32, 1)
+  ast = kernel(store(LazyOp(BinaryOps.ADD, (LazyOp(ReduceOps.MAX, (ld(1, S(32, 16)),), (1,)), ld(2, S(32, 1)))),
+                     S(32, 1)))
+  k = Kernel(ast, opts=CPU)
+  if first: k.apply_opt(Opt(OptOps.UNROLL, 0, 2))
+  k.apply_opt(Opt(OptOps.PADTO, 0, 3))
+  assert k.full_shape[0] == 33
+  uops = check(k.get_optimized_ast(), CPU, [a, bias], a.max(1, keepdims=True) + bias)
+  stores = [u for u in uops if u.op is UOps.STORE]
+  assert stores and all(_reduce_depth_at(uops, s) == 0 for s in stores)
+  loads = [u for u in uops if u.op is UOps.LOAD and u.src[0].arg[0] == 2]
+  assert loads and all(_reduce_depth_at(uops, x) == 0 for x in loads)   # the bias is read once per row
+
+def test_padto_kept_axis_through_the_kernel_renders():
+  catalogue = pytest.importorskip("catalogue")
+  from kernopt.kernel import Kernel, Opt, OptOps
+  for opts in ([Opt(OptOps.PADTO, 0, 3)], [Opt(OptOps.UNROLL, 0, 2), Opt(OptOps.PADTO, 0, 3)]):
+    k = Kernel(catalogue.get("max_axis1").ast, opts=CPU)
+    for o in opts: k.apply_opt(o)
+    src = k.to_program().src
+    inner = src[src.index("ridx1 = 0"):]
+    body = inner[:inner.index("}")]   # the reduce loop's body
+    assert "data0[" not in body and "data0[" in inner

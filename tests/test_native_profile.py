@@ -58,8 +58,8 @@ def test_matmul_register_tile():
   r16 = NativeCRenderer(vector_width=16, threads=2)
   assert opts_of(protocol(get("matmul_1024", "large").ast, r16)) == [("UPCAST", 1, 32), ("UPCAST", 0, 4)]
 
-def test_elementwise_two_vectors():
-  assert opts_of(protocol(get("add").ast, R8)) == [("UPCAST", 0, 16)]
+def test_elementwise_one_vector():
+  assert opts_of(protocol(get("add").ast, R8)) == [("UPCAST", 0, 8)]
 
 def test_contiguous_reduce_unrolled_into_vector_accumulators():
   assert opts_of(protocol(get("max_axis1").ast, R8)) == [("UNROLL", 0, 32)]
@@ -113,6 +113,25 @@ def test_lanes_read_back_with_gep():
   """A contiguous unrolled sum: 32 accumulators packed into 4 vectors, combined lane by lane after the loop."""
   packed = pack_lanes(lin("max_axis1"), 8)
   assert vector_ops(packed)[UOps.DEFINE_ACC] == 4 and sum(u.op is UOps.GEP for u in packed) == 32
+
+def test_conv_packs_from_the_stores_with_gathered_windows():
+  """The conv window's loads overlap between taps, so packing starts from the contiguous output stores and gathers
+  each tap's (padded) input lanes."""
+  packed = pack_lanes(lin("conv2d", scale="large"), 8)
+  v = vector_ops(packed)
+  assert v[UOps.DEFINE_ACC] == 8 and v[UOps.STORE] == 8 and v[UOps.VECTORIZE] >= 9
+
+def test_matmul_loops_interchanged():
+  """B (strided along the reduce) depends on the N tiles only: its loop goes outside, so each B panel is reused by
+  every M tile. Elementwise kernels keep their order."""
+  from kernopt.renderers.native import interchange_outer_loops
+  uops = lin("matmul_1024", scale="large")
+  ranges = [u for u in uops if u.op is UOps.RANGE]
+  new = interchange_outer_loops(uops)
+  assert [u for u in new if u.op is UOps.RANGE][:2] == ranges[:2][::-1] and len(new) == len(uops)
+  assert [u for u in new if u.op is UOps.ENDRANGE][-2:] == [u for u in uops if u.op is UOps.ENDRANGE][-2:][::-1]
+  ew = lin("add", scale="large")
+  assert interchange_outer_loops(ew) is ew
 
 @needs_cc
 def test_vector_max_keeps_nan_semantics():

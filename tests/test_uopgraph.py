@@ -199,3 +199,41 @@ def test_sequential_loops_with_barrier():
   p = lambda u: _pos(uops, u)  # noqa: E731
   end1 = next(j for j, u in enumerate(uops) if u.op is UOps.ENDRANGE and u.src[0] is r1)
   assert p(r1) < p(phi1) < end1 < p(lst) < p(bar) < p(r2) < p(phi2)
+
+# ***** the compiled matcher and the rewrite driver *****
+
+def test_compiled_patterns_agree_with_upat_match():
+  from kernopt.uopgraph import compile_upat
+  g = gidx()
+  nodes = [alu(BinaryOps.ADD, g, c(0)), alu(BinaryOps.ADD, c(0), g), alu(BinaryOps.ADD, g, g), alu(BinaryOps.MUL, g, c(1)),
+           alu(BinaryOps.ADD, alu(BinaryOps.ADD, g, c(2)), c(3)), alu(BinaryOps.ADD, c(3), alu(BinaryOps.ADD, g, c(2))),
+           alu(TernaryOps.WHERE, c(True, B), X, X), alu(BinaryOps.MAX, g, c(3)), X, c(1.5, F)]
+  for pat, _ in RULES:
+    m = compile_upat(pat)
+    for u in nodes:
+      want, got = {}, {}
+      ok = pat.match(u, want)
+      assert ok == m(u, got), (pat, u)
+      if ok: assert want == got, (pat, u)   # the same captures (only a success's captures are used)
+
+def test_commutative_pattern_with_const_first():
+  # the source prefilter must not skip a rule whose CONST is the left operand
+  g = gidx()
+  assert rw(alu(BinaryOps.ADD, c(0), g)) is g
+  assert rw(alu(BinaryOps.MUL, c(1), g)) is g
+
+def test_shared_subgraph_rewritten_once_and_users_rebuilt():
+  g = gidx()
+  shared = alu(BinaryOps.ADD, alu(BinaryOps.ADD, g, c(1)), c(-1))   # -> g
+  a, b = alu(BinaryOps.MUL, shared, c(3)), alu(BinaryOps.ADD, shared, c(5))
+  root = UOp(UOps.SINK, None, (UOp(UOps.STORE, None, (BUF, a, X)), UOp(UOps.STORE, None, (BUF, b, X))))
+  out = rw(root)
+  st = out.src
+  assert st[0].src[1] is alu(BinaryOps.MUL, g, c(3)) and st[1].src[1] is alu(BinaryOps.ADD, g, c(5))
+
+def test_deep_chain_has_no_recursion_limit():
+  x = X
+  for i in range(3000): x = alu(BinaryOps.ADD, x, UOp(UOps.LOAD, F, (IN, c(i))))
+  root = UOp(UOps.SINK, None, (UOp(UOps.STORE, None, (BUF, gidx(), x)),))
+  assert rw(root) is root
+  assert len(linearize(root)) > 3000

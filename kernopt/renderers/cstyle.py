@@ -271,9 +271,9 @@ class CStyleLanguage(Renderer):
     if dt.count > 1: raise UnsupportedError(f"{self.dialect_name} has no vector ALU ({op.name} on {dt})")
     spell, cdt = self.spelling(op), self.compute_dtype(dt)
     if spell is None: raise UnsupportedError(f"{self.dialect_name} can't spell {op.name}")
-    if dt == dtypes.bool and op in _NO_BOOL_OPS: raise UnsupportedError(f"{op.name} is not defined on bool")
+    if op in _NO_BOOL_OPS and dt == dtypes.bool: raise UnsupportedError(f"{op.name} is not defined on bool")
     ret = spell.format(*srcs, t=self.render_dtype(cdt)) if isinstance(spell, str) else spell(self, cdt, *srcs)
-    if dt in self.storage_floats and op not in self._exact_ops: ret = self.round_storage(ret, dt)
+    if op not in self._exact_ops and dt in self.storage_floats: ret = self.round_storage(ret, dt)
     return ret
 
   def render(self, name: str, uops: list[UOp]) -> str:
@@ -298,6 +298,8 @@ def _float_literal(val: float) -> str:
     except OverflowError: continue  # rounded past the largest float
   return s if any(c in s for c in ".en") else s + ".0"
 
+_INLINABLE = frozenset((UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.VECTORIZE))
+
 class _Emitter:
   """One render: names each value, inlines single-use pure expressions, and writes the lines."""
   _prefixes = {UOps.ALU: "alu", UOps.CAST: "cast", UOps.BITCAST: "cast", UOps.LOAD: "val", UOps.DEFINE_ACC: "acc",
@@ -309,6 +311,7 @@ class _Emitter:
     self.counts: dict[str, int] = {}
     self.lines: list[str] = []
     self.depth = 1
+    self.dtype_names: dict[DType, str] = {}
 
   def fresh(self, prefix: str) -> str:
     n = self.counts.get(prefix, 0)
@@ -320,13 +323,20 @@ class _Emitter:
   def value(self, u: UOp, expr: str, uses: int) -> None:
     """Bind u to expr: inline a single-use expression unless it reads an accumulator (which a PHI may change
     before the use)."""
-    if u.op in (UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.VECTORIZE) and uses <= 1 \
-       and not any(s.op is UOps.DEFINE_ACC for s in u.src):
-      self.r[u] = expr
-      return
+    if uses <= 1 and u.op in _INLINABLE:
+      for s in u.src:
+        if s.op is UOps.DEFINE_ACC: break
+      else:
+        self.r[u] = expr
+        return
     name = self.fresh(self._prefixes[u.op])
-    self.line(f"{self.lang.render_value_dtype(u.dtype)} {name} = {expr};")
+    self.line(f"{self.value_dtype(u.dtype)} {name} = {expr};")
     self.r[u] = name
+
+  def value_dtype(self, dt: DType) -> str:
+    """lang.render_value_dtype, once per dtype and render (a dialect may register a typedef the first time)."""
+    if (ret := self.dtype_names.get(dt)) is None: ret = self.dtype_names[dt] = self.lang.render_value_dtype(dt)
+    return ret
 
   def emit(self, name: str, uops: list[UOp]) -> str:
     lang, r = self.lang, self.r
@@ -337,7 +347,12 @@ class _Emitter:
     variables: dict[str, str] = {}
     for u in uops:
       op, dt, src = u.op, u.dtype, u.src
-      if op is UOps.DEFINE_GLOBAL:
+      if op is UOps.ALU:  # the most common kinds first
+        opdt = src[1].dtype if u.arg is TernaryOps.WHERE else src[0].dtype
+        self.value(u, lang.render_alu(u.arg, opdt, [r[s] for s in src]), uses.get(u, 0))
+      elif op is UOps.CONST: r[u] = lang.render_const(u.arg, dt)
+      elif op is UOps.LOAD: self.load(u)
+      elif op is UOps.DEFINE_GLOBAL:
         idx, bname, writable = u.arg
         if isinstance(dt, ImageDType) and not lang.supports_images:
           raise UnsupportedError(f"{lang.dialect_name} has no images: buffer {bname} is {dt}")
@@ -349,7 +364,6 @@ class _Emitter:
       elif op is UOps.DEFINE_LOCAL:
         r[u] = u.arg[0]
         self.line(lang.render_local(u.arg[0], dt, u.arg[1]))
-      elif op is UOps.CONST: r[u] = lang.render_const(u.arg, dt)
       elif op is UOps.SPECIAL:
         self.line(lang.render_special(u.arg[1], u.arg[0]))
         r[u] = u.arg[1]
@@ -371,11 +385,7 @@ class _Emitter:
       elif op is UOps.PHI:
         self.line(f"{r[src[0]]} = {r[src[1]]};")
         r[u] = r[src[0]]
-      elif op is UOps.LOAD: self.load(u)
       elif op is UOps.STORE: self.store(u)
-      elif op is UOps.ALU:
-        opdt = src[1].dtype if u.arg is TernaryOps.WHERE else src[0].dtype
-        self.value(u, lang.render_alu(u.arg, opdt, [r[s] for s in src]), uses.get(u, 0))
       elif op is UOps.CAST: self.value(u, lang.render_cast(r[src[0]], src[0].dtype, dt), uses.get(u, 0))
       elif op is UOps.BITCAST: self.value(u, lang.render_bitcast(r[src[0]], src[0].dtype, dt), uses.get(u, 0))
       elif op is UOps.VECTORIZE: self.value(u, lang.render_vectorize(dt, [r[s] for s in src]), uses.get(u, 0))
@@ -393,7 +403,7 @@ class _Emitter:
     else: expr = lang.render_load(r[buf], r[src[1]], u.dtype, buf_dt)
     if len(src) == 4: expr = f"({r[src[2]]}?{expr}:{r[src[3]]})"
     r[u] = v = self.fresh("val")
-    self.line(f"{lang.render_value_dtype(u.dtype)} {v} = {expr};")
+    self.line(f"{self.value_dtype(u.dtype)} {v} = {expr};")
 
   def store(self, u: UOp) -> None:
     lang, r, src = self.lang, self.r, u.src

@@ -99,14 +99,16 @@ class NativeCRenderer(CRenderer):
     if self.parallel == "openmp":
       return [f"#pragma omp parallel for schedule({self.schedule}) num_threads({self.threads})",
               f"for (int32_t {var} = {start}; {var} < {end}; {var}++) {{"]
-    # pthread: each worker claims the next chunk of iterations (a descheduled worker delays no one)
-    chunk = f"{var}_chunk"
-    claim = f"{start} + {chunk}*__atomic_fetch_add(ko_next, 1, __ATOMIC_RELAXED)"
-    return [f"int32_t {chunk} = (int32_t)((((int64_t)({end})-(int64_t)({start})) + {4 * self.threads - 1}) / "
-            f"{4 * self.threads});",
-            f"if ({chunk} < 1) {chunk} = 1;",
-            f"for (int32_t {var} = {claim}; {var} < {end}; "
-            f"{var} = ({var}+1-({start})) % {chunk} == 0 ? {claim} : {var}+1) {{"]
+    # pthread pool: workers (and the launching thread) claim chunks of iterations until none is left
+    n, c, chunk = f"{var}_n", f"{var}_c", f"{var}_chunk"
+    return [f"int64_t {n} = (int64_t)({end}) - (int64_t)({start});",
+            f"int64_t {chunk} = ({n} + {self.chunks - 1}) / {self.chunks};",
+            f"for (int {c} = ko_claim(ko_ctx); {c} >= 0; {c} = ko_claim(ko_ctx)) "
+            f"for (int32_t {var} = (int32_t)({start} + {c}*{chunk}); "
+            f"{var} < {end} && {var} < {start} + ({c}+1)*{chunk}; {var}++) {{"]
+
+  @property
+  def chunks(self) -> int: return 4 * self.threads
 
   def render(self, name: str, uops: list[UOp]) -> str:
     uops = list(uops)
@@ -122,23 +124,74 @@ class NativeCRenderer(CRenderer):
     if self._loop is None or self.parallel != "pthread": return super().render_kernel(name, params, body, preamble)
     return _pthread_kernel(self, name, params, body, preamble)
 
+# a thread pool per shared object: workers sleep on a condition variable between launches; a launch publishes a job
+# under a new generation, runs chunks itself and waits only for chunks other workers have claimed, never for a
+# worker that has not woken (on a busy machine the launching thread may do all the work). Claims carry the
+# generation, so a late worker can't take a chunk of a later launch.
+_POOL = """typedef struct { long long gen; int have; } ko_ctx_t;
+typedef struct { void (*fn)(void*, ko_ctx_t*); void* args; } ko_job_t;
+static pthread_mutex_t ko_mu = PTHREAD_MUTEX_INITIALIZER, ko_launch_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t ko_cv = PTHREAD_COND_INITIALIZER;
+static ko_job_t ko_job;
+static long long ko_gen, ko_state;
+static int ko_done, ko_workers;
+static int ko_claim(ko_ctx_t* c) {
+  if (c->have) { __atomic_fetch_add(&ko_done, 1, __ATOMIC_RELEASE); c->have = 0; }
+  long long s = __atomic_load_n(&ko_state, __ATOMIC_ACQUIRE);
+  while ((s >> 24) == c->gen && (s & 0xFFFFFF) < KO_CHUNKS)
+    if (__atomic_compare_exchange_n(&ko_state, &s, s + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+      c->have = 1;
+      return (int)(s & 0xFFFFFF);
+    }
+  return -1;
+}
+static void* ko_worker(void* unused) {
+  long long seen = 0;
+  for (;;) {
+    pthread_mutex_lock(&ko_mu);
+    while (ko_gen == seen) pthread_cond_wait(&ko_cv, &ko_mu);
+    seen = ko_gen;
+    ko_job_t job = ko_job;
+    pthread_mutex_unlock(&ko_mu);
+    ko_ctx_t c = {seen, 0};
+    job.fn(job.args, &c);
+  }
+  return unused;
+}
+static void ko_launch(void (*fn)(void*, ko_ctx_t*), void* args) {
+  pthread_mutex_lock(&ko_launch_mu);
+  for (; ko_workers < KO_THREADS - 1; ko_workers++) {
+    pthread_t th;
+    if (pthread_create(&th, 0, ko_worker, 0) != 0) break;
+    pthread_detach(th);
+  }
+  pthread_mutex_lock(&ko_mu);
+  ko_job = (ko_job_t){fn, args};
+  __atomic_store_n(&ko_done, 0, __ATOMIC_RELAXED);
+  ko_gen++;
+  __atomic_store_n(&ko_state, ko_gen << 24, __ATOMIC_RELEASE);
+  pthread_cond_broadcast(&ko_cv);
+  pthread_mutex_unlock(&ko_mu);
+  ko_ctx_t c = {ko_gen, 0};
+  fn(args, &c);
+  while (__atomic_load_n(&ko_done, __ATOMIC_ACQUIRE) < KO_CHUNKS) sched_yield();
+  pthread_mutex_unlock(&ko_launch_mu);
+}"""
+
 def _pthread_kernel(r: NativeCRenderer, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
-  """The body as `static void name_part(params, int* ko_next)`, and `name` running it on itself and threads-1
-  pthreads that share the counter of claimed iterations (a thread that could not start leaves its work to others)."""
+  """The body as `static void name_part(params, ko_ctx_t* ko_ctx)`; `name` packs its arguments and hands
+  name_part to the shared object's pool (_POOL)."""
   names = [p.split()[-1] for p in params]
   fields = "".join(f" {p.replace(' restrict', '')};" for p in params)
-  head = "\n".join([*r.includes, "#include <pthread.h>", *preamble])
-  part = f"static void {name}_part({', '.join(params + ['int* ko_next'])}) {{\n" + "\n".join(body) + "\n}\n"
-  args = ", ".join([f"a->{n}" for n in names] + ["a->ko_next"])
-  thr = (f"struct {name}_args {{{fields} int* ko_next; }};\n"
-         f"static void* {name}_thread(void* p) {{ struct {name}_args* a = p; {name}_part({args}); return 0; }}\n")
-  init = ", ".join(names + ["&next"])
+  pool = _POOL.replace("KO_CHUNKS", str(r.chunks)).replace("KO_THREADS", str(r.threads))
+  head = "\n".join([*r.includes, "#include <pthread.h>", "#include <sched.h>", *preamble, pool])
+  part = f"static void {name}_part({', '.join(params + ['ko_ctx_t* ko_ctx'])}) {{\n" + "\n".join(body) + "\n}\n"
+  args = ", ".join([f"a->{n}" for n in names] + ["c"])
+  thr = (f"struct {name}_args {{{fields} }};\n"
+         f"static void {name}_job(void* p, ko_ctx_t* c) {{ struct {name}_args* a = p; {name}_part({args}); }}\n")
   main = (f"{r.kernel_prefix}void {name}({', '.join(params)}) {{\n"
-          f"  int next = 0; pthread_t th[{r.threads}]; int started[{r.threads}];\n"
-          f"  struct {name}_args a = {{{init}}};\n"
-          f"  for (int t = 1; t < {r.threads}; t++) started[t] = pthread_create(&th[t], 0, {name}_thread, &a) == 0;\n"
-          f"  {name}_part({', '.join(names + ['&next'])});\n"
-          f"  for (int t = 1; t < {r.threads}; t++) if (started[t]) pthread_join(th[t], 0);\n}}\n")
+          f"  struct {name}_args a = {{{', '.join(names)}}};\n"
+          f"  ko_launch({name}_job, &a);\n}}\n")
   return f"{head}\n{part}{thr}{main}"
 
 # ***** loop order *****

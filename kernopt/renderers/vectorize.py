@@ -1,7 +1,8 @@
 """Lane packing for the native C profile. The upcast expansion leaves W scalar lanes per op; GCC's SLP vectorizer
 does not start from loop-carried accumulators, so this pass packs them itself: contiguous LOADs and STOREs, the ALU
 ops between them, their accumulators and PHIs become one vector op of W lanes each, lane l computing exactly the
-scalar op it replaces (same operands, same order). A lane read by an unpacked op is read back with a GEP.
+scalar op it replaces (same operands, same order). A lane read by an unpacked op is read back with a GEP (a load's
+lanes also stay as scalar loads).
 Works on a linearized UOp list and returns one. Imports dtype, ops and uops."""
 from __future__ import annotations
 from dataclasses import dataclass, field
@@ -30,6 +31,8 @@ def _base_offset(idx: UOp) -> tuple[Optional[UOp], int]:
      isinstance(idx.src[1].arg, int): return idx.src[0], idx.src[1].arg
   return idx, 0
 
+def _vector_dtype(dt: Any) -> bool: return any(dt is d for d in VECTOR_DTYPES) or dt in VECTOR_DTYPES
+
 def _plain_global(buf: UOp) -> bool:
   return buf.op is UOps.DEFINE_GLOBAL and not isinstance(buf.dtype, ImageDType)
 
@@ -48,8 +51,7 @@ class _Packer:
       for s in u.src: self.users.setdefault(s, []).append(u)
     self.groups: list[_Group] = []
     self.of: dict[UOp, tuple[int, int]] = {}
-    vdts = set(VECTOR_DTYPES)
-    self.todo = [u for u in uops if (u.op is UOps.ALU and u.arg in VECTOR_ALU and u.dtype in vdts) or
+    self.todo = [u for u in uops if (u.op is UOps.ALU and u.arg in VECTOR_ALU and _vector_dtype(u.dtype)) or
                  u.op is UOps.PHI or (u.op is UOps.STORE and len(u.src) == 3 and _plain_global(u.src[0]))]
 
   def add(self, kind: str, members: tuple[UOp, ...], parts: tuple = (), deps: Optional[set[int]] = None) -> int:
@@ -76,11 +78,12 @@ class _Packer:
     """Contiguous ungated loads become one vector load; contiguous gated ones (padding) a gather of the scalars."""
     by_key: dict[Any, dict[int, UOp]] = {}
     for u in self.uops:
-      if u.op is UOps.LOAD and len(u.src) in (2, 4) and u.dtype in VECTOR_DTYPES and _plain_global(u.src[0]):
+      if u.op is UOps.LOAD and len(u.src) in (2, 4) and _vector_dtype(u.dtype) and _plain_global(u.src[0]):
         base, off = _base_offset(u.src[1])
         by_key.setdefault((u.src[0], base, self.scope[u]), {})[off] = u
     for members in self.contiguous(by_key):
-      plain = all(len(m.src) == 2 and not (m.src[1].op is UOps.ALU and m.src[1].arg is TernaryOps.WHERE) for m in members)
+      plain = all(len(m.src) == 2 and not (m.src[1].op is UOps.ALU and m.src[1].arg is TernaryOps.WHERE)
+                  for m in members)
       self.add("load" if plain else "gather", members)
 
   def alu_key(self, u: UOp) -> Optional[tuple[Any, int]]:
@@ -131,6 +134,64 @@ class _Packer:
         added = True
     return added
 
+  # ***** bottom-up, from contiguous stores *****
+
+  def seed_stores(self) -> bool:
+    """W contiguous stores of unpacked values: pack the values' expression trees lane by lane (for tiles whose loads
+    overlap, e.g. a conv's window, so the top-down pass finds no anchor)."""
+    by_key: dict[Any, dict[int, UOp]] = {}
+    for u in self.uops:
+      if u.op is UOps.STORE and len(u.src) == 3 and _plain_global(u.src[0]) and _vector_dtype(u.src[2].dtype) \
+         and u not in self.of and u.src[2] not in self.of:
+        base, off = _base_offset(u.src[1])
+        by_key.setdefault((u.src[0], base, self.scope[u]), {})[off] = u
+    added = False
+    for members in self.contiguous(by_key):
+      part = self.tree(tuple(m.src[2] for m in members), 0)
+      if part is not None and part[0] == "v":
+        self.add("store", members, deps={part[1]})
+        added = True
+    return added
+
+  def tree(self, lanes: tuple[UOp, ...], depth: int) -> Optional[tuple]:
+    """An operand for lanes: ("s", u) one scalar, ("v", group) packed lanes, ("g", lanes) a gather; None if the
+    lanes can't be one vector."""
+    l0 = lanes[0]
+    if not _vector_dtype(l0.dtype) or any(ln.dtype is not l0.dtype and ln.dtype != l0.dtype for ln in lanes):
+      return None
+    if all(ln is l0 for ln in lanes): return ("s", l0)
+    if all(ln in self.of for ln in lanes):
+      gid = self.of[l0][0]
+      if all(self.of[ln] == (gid, i) for i, ln in enumerate(lanes)): return ("v", gid)
+    if depth > 24 or any(ln in self.of for ln in lanes) or len(set(lanes)) != len(lanes) or \
+       any(self.scope.get(ln) != self.scope.get(l0) for ln in lanes): return ("g", lanes)
+    if all(ln.op is UOps.PHI for ln in lanes): return self.tree_phi(lanes, depth)
+    if all(ln.op is UOps.ALU and ln.arg is l0.arg and len(ln.src) == len(l0.src) for ln in lanes) and \
+       l0.arg in VECTOR_ALU:
+      parts = [self.tree(tuple(ln.src[i] for ln in lanes), depth + 1) for i in range(len(l0.src))]
+      if any(p is None for p in parts): return ("g", lanes)
+      return ("v", self.add("alu", lanes, tuple(parts), {p[1] for p in parts if p[0] == "v"}))
+    if all(ln.op is UOps.LOAD and len(ln.src) == 2 and ln.src[0] is l0.src[0] for ln in lanes) and \
+       _plain_global(l0.src[0]):
+      base, off = _base_offset(l0.src[1])
+      if all(_base_offset(ln.src[1]) == (base, off + i) for i, ln in enumerate(lanes)):
+        return ("v", self.add("load", lanes))
+    return ("g", lanes)
+
+  def tree_phi(self, lanes: tuple[UOp, ...], depth: int) -> Optional[tuple]:
+    """PHI(acc, acc op x) lanes: one vector accumulator, op and PHI, with x packed as a tree."""
+    accs, upds = tuple(ln.src[0] for ln in lanes), tuple(ln.src[1] for ln in lanes)
+    u0 = upds[0]
+    if not (all(u.op is UOps.ALU and u.arg is u0.arg and len(u.src) == 2 and u.src[0] is a for u, a in zip(upds, accs))
+            and u0.arg in VECTOR_ALU and all(a.op is UOps.DEFINE_ACC for a in accs) and self.acc_lanes(accs, upds) and
+            not any(u in self.of for u in upds)): return None
+    other = self.tree(tuple(u.src[1] for u in upds), depth + 1)
+    if other is None: return None
+    acc = self.add("acc", accs)
+    alu = self.add("alu", upds, (("a", acc), other), {acc} | ({other[1]} if other[0] == "v" else set()))
+    self.groups[acc].deps.add(alu)
+    return ("v", self.add("phi", lanes, deps={acc, alu}))
+
   def add_alu(self, parts: tuple, members: tuple[UOp, ...]) -> bool:
     deps = {p[1] for p in parts if p[0] == "v"}
     if ("a",) in parts:
@@ -166,16 +227,21 @@ class _Packer:
   def packed(self, u: UOp) -> bool: return u in self.of and self.groups[self.of[u][0]].live
 
   def replaced(self, u: UOp) -> bool:
-    """u is packed and dropped from the list (a gather keeps its scalar members)."""
-    return self.packed(u) and self.groups[self.of[u][0]].kind != "gather"
+    """u is packed and dropped from the list (loads and gathers keep their scalar members for scalar readers; the
+    C compiler drops the unread ones)."""
+    return self.packed(u) and self.groups[self.of[u][0]].kind not in ("gather", "load")
 
   def valid(self, gid: int) -> bool:
     g = self.groups[gid]
     if any(not self.groups[d].live for d in g.deps): return False
     sc = self.scope[g.members[0]]
     if any(self.scope[m] != sc for m in g.members): return False
-    if g.kind == "gather": return True
+    if g.kind in ("gather", "load"): return True
     at, vis = self.place(g), self.visible_scope(gid)
+    # a scalar operand (broadcast or gathered) that is a packed lane is read back from a vector placed before
+    for p in g.parts:
+      for x in ((p[1],) if p[0] == "s" else p[1] if p[0] == "g" else ()):
+        if self.replaced(x) and self.place(self.groups[self.of[x][0]]) >= at: return False
     for m in g.members:
       scalar = [x for x in self.users.get(m, []) if not self.packed(x)]
       if g.kind == "acc" and scalar: return False
@@ -235,7 +301,11 @@ class _Packer:
     else:
       srcs = []
       for p in g.parts:
-        if p[0] != "s": srcs.append(vec[p[1]])
+        if p[0] == "g":
+          b = UOp(UOps.VECTORIZE, vdt, tuple(scalar(x) for x in p[1]))
+          out.append(b)
+          srcs.append(b)
+        elif p[0] != "s": srcs.append(vec[p[1]])
         elif p[1].op is UOps.CONST:
           c = UOp(UOps.CONST, vdt, (), p[1].arg)
           out.append(c)
@@ -253,7 +323,7 @@ def pack_lanes(uops: list[UOp], width: int) -> list[UOp]:
   if width < 2: return uops
   p = _Packer(uops, width)
   p.find_loads()
-  if not p.groups: return uops
+  p.seed_stores()
   while p.step(): pass
   p.prune()
   return p.rewrite()
