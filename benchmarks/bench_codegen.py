@@ -1,6 +1,7 @@
 """Codegen latency: Kernel(ast) + the standard protocol for every catalogue AST (large scale), cold (a freshly built
 AST each repeat) and warm (the same AST object again), then linearize + render when the lowerer is present.
-Prints the median over repeats in milliseconds. Usage: python3 benchmarks/bench_codegen.py [repeats] [dialect...]"""
+Prints the median over repeats in milliseconds. Usage: python3 benchmarks/bench_codegen.py [repeats] [dialect...];
+`python3 benchmarks/bench_codegen.py workloads [repeats]` times benchmarks/workloads.py's ASTs phase by phase."""
 from __future__ import annotations
 import os
 import statistics
@@ -41,7 +42,53 @@ def cases() -> tuple[list[str], Callable[[str], Any]]:
     return catalogue.get(name, "large").ast
   return [c.name for c in catalogue.catalogue("large")], fresh
 
+def workload_phases(repeats: int) -> None:
+  """benchmarks/workloads.py's ASTs on the static C profile and the CPU device's renderer: the median over cold
+  repeats of the whole Kernel + protocol + to_program, and of each phase (opts, lower, rewrite, order, render)."""
+  sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+  from workloads import workloads
+  from kernopt.lowerer import lower
+  from kernopt.renderers.cstyle import CRenderer
+  from kernopt.runtime import Device
+  from kernopt.uopgraph import graph_rewrite, order_uops, simplifier
+  print(f"load average {os.getloadavg()}")
+  print(f"{'profile':8s} {'workload':9s} {'total':>7s} {'opts':>6s} {'lower':>6s} {'rewrite':>7s} {'order':>6s} "
+        f"{'render':>7s}  uops  (ms, median of {repeats} cold runs)")
+  for pname, r in (("C", CRenderer()), ("native", Device["CPU"].renderer)):
+    for wname, w in workloads().items():
+      totals, phases = [], []
+      for _ in range(repeats):
+        ast = w.build()
+        t0 = time.perf_counter()
+        prg = optimize_with(ast, r).to_program()
+        totals.append(time.perf_counter() - t0)
+        ts = [time.perf_counter()]
+        k = optimize_with(w.build(), r)
+        ast2 = k.get_optimized_ast()
+        ts.append(time.perf_counter())
+        sink = lower(ast2, r)
+        ts.append(time.perf_counter())
+        g = graph_rewrite(sink, simplifier)
+        ts.append(time.perf_counter())
+        uops = order_uops(g)
+        ts.append(time.perf_counter())
+        r.render("k", uops)
+        ts.append(time.perf_counter())
+        phases.append([b - a for a, b in zip(ts, ts[1:])])
+      med = [statistics.median(p[i] for p in phases) for i in range(5)]
+      print(f"{pname:8s} {wname:9s} {1e3 * statistics.median(totals):7.2f} " +
+            " ".join(f"{1e3 * m:{wd}.2f}" for m, wd in zip(med, (6, 6, 7, 6, 7))) + f"  {len(prg.uops)}  {w.desc}")
+  print(f"load average {os.getloadavg()}")
+
+def optimize_with(ast: Any, renderer: Any) -> Kernel:
+  k = Kernel(ast, opts=renderer).required_optimizations()
+  if not k.apply_tensor_cores(): k.hand_coded_optimizations()
+  return k
+
 def main() -> None:
+  if len(sys.argv) > 1 and sys.argv[1] == "workloads":
+    workload_phases(int(sys.argv[2]) if len(sys.argv) > 2 else 7)
+    return
   repeats = int(sys.argv[1]) if len(sys.argv) > 1 else 7
   dialects = sys.argv[2:] or ["CPU", "OPENCL", "CUDA"]
   names, fresh = cases()

@@ -1,7 +1,9 @@
-"""Kernel benchmarks: for each workload (benchmarks/workloads.py), cold codegen (fresh AST: Kernel + standard protocol
-+ linearize + render), first compile with the disk cache off, and kernel time (median, min-max over repeats) next to
-single-threaded numpy on the same math, runs interleaved, plus this machine's copy bandwidth from the same run.
-Usage: python3 benchmarks/bench_kernels.py [--device CPU|OPENCL] [--repeats N] [--workloads W1,W2] [--threads N]"""
+"""Kernel benchmarks: for each workload (benchmarks/workloads.py) and each thread count, cold codegen (fresh AST:
+Kernel + standard protocol + linearize + render), first compile with the disk cache off, and kernel time (median,
+min-max over repeats) next to numpy on the same math at the same thread count (threadpoolctl), all runs of a workload
+interleaved (ours and numpy at every thread count, and for memory-bound workloads np.copyto of 64 MiB, whose
+bandwidth the kernel is compared with), so every figure sees the same machine load.
+Usage: python3 benchmarks/bench_kernels.py [--device CPU|OPENCL] [--repeats N] [--workloads W1,W2] [--threads 1,2]"""
 from __future__ import annotations
 import argparse
 import contextlib
@@ -9,7 +11,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), p) for p in ("..", "../tests")]
 import numpy as np  # noqa: E402
@@ -19,25 +21,27 @@ from kernopt.helpers import config_override  # noqa: E402
 from kernopt.kernel import Kernel  # noqa: E402
 from kernopt.runtime import Buffer, Device  # noqa: E402
 
-def numpy_single_thread() -> tuple[Any, str]:
-  """A context limiting numpy's BLAS to one thread, and a note saying how."""
-  try:
-    from threadpoolctl import threadpool_limits
-    return threadpool_limits(1), "threadpoolctl: 1 thread"
-  except ImportError:
-    return contextlib.nullcontext(), "threadpoolctl missing: numpy's BLAS may use several threads"
+def numpy_threads(n: Optional[int]) -> Any:
+  """A context limiting numpy's BLAS (and OpenMP) pools to n threads (no limit for None)."""
+  if n is None: return contextlib.nullcontext()
+  from threadpoolctl import threadpool_limits
+  return threadpool_limits(n)
 
-def copy_bandwidth(repeats: int) -> float:
-  """Bytes per second of np.copyto on 64 MiB of float32, counting read + write; median over repeats."""
-  src = np.random.default_rng(0).standard_normal(16 << 20, dtype=np.float32)
-  dst = np.empty_like(src)
-  np.copyto(dst, src)
-  times = []
-  for _ in range(max(repeats, 5)):
-    t0 = time.perf_counter()
-    np.copyto(dst, src)
-    times.append(time.perf_counter() - t0)
-  return 2 * src.nbytes / statistics.median(times)
+def threadpool_note() -> str:
+  try:
+    import threadpoolctl
+    return f"threadpoolctl {threadpoolctl.__version__}: numpy at our thread count"
+  except ImportError:
+    return "threadpoolctl missing: numpy's BLAS uses its own thread count"
+
+class Copy:
+  """np.copyto of 64 MiB of float32; bandwidth counts read + write."""
+  def __init__(self) -> None:
+    self.src = np.random.default_rng(0).standard_normal(16 << 20, dtype=np.float32)
+    self.dst = np.empty_like(self.src)
+    np.copyto(self.dst, self.src)
+  def __call__(self) -> float: return timed(lambda: np.copyto(self.dst, self.src))
+  def bandwidth(self, secs: float) -> float: return 2 * self.src.nbytes / secs
 
 def optimize(ast: Any, renderer: Any) -> Kernel:
   k = Kernel(ast, opts=renderer).required_optimizations()
@@ -58,7 +62,8 @@ def timed(fn: Callable[[], Any]) -> float:
   fn()
   return time.perf_counter() - t0
 
-def bench(w: Workload, dev: Any, repeats: int) -> dict[str, Any]:
+def prepare(w: Workload, dev: Any, repeats: int, inputs: dict[int, np.ndarray]) -> dict[str, Any]:
+  """Codegen and compile figures, a checked runner and its arguments."""
   codegen = cold_codegen_ms(w, dev.renderer, repeats)
   k = optimize(w.build(), dev.renderer)
   prg = k.to_program()
@@ -66,8 +71,6 @@ def bench(w: Workload, dev: Any, repeats: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     runner = dev.compile(prg)
     compile_ms = 1e3 * (time.perf_counter() - t0)
-  rng = np.random.default_rng(0)
-  inputs = w.inputs(rng)
   bufs = {idx: Buffer(dev.name, numel, dtypes.float32) for idx, numel in w.buffers}
   for idx, arr in inputs.items(): bufs[idx].copyin(arr)
   args = [bufs[a.idx] for a in prg.args]
@@ -76,50 +79,72 @@ def bench(w: Workload, dev: Any, repeats: int) -> dict[str, Any]:
   got = bufs[0].numpy()
   scale = max(1.0, float(np.abs(ref).max()))
   np.testing.assert_allclose(got, ref, rtol=w.tol, atol=w.tol * scale, err_msg=f"{w.name} is wrong")
-  ours, theirs = [], []
-  for _ in range(repeats):  # interleaved, so both see the same machine load
-    ours.append(runner(*args, wait=True))
-    theirs.append(timed(lambda: w.reference(inputs)))
-  return dict(codegen=codegen, compile=compile_ms, ours=ours, numpy=theirs, opts=k.applied_opts, name=prg.name)
+  return dict(codegen=codegen, compile=compile_ms, run=lambda: runner(*args, wait=True), opts=k.applied_opts,
+              name=prg.name, ours=[], numpy=[])
+
+def bench(w: Workload, devs: dict[Optional[int], Any], repeats: int, copy: Copy) -> tuple[dict, list[float]]:
+  """Every thread count's runner, numpy at that thread count and (memory-bound) the copy, interleaved."""
+  inputs = w.inputs(np.random.default_rng(0))
+  rs = {t: prepare(w, dev, repeats, inputs) for t, dev in devs.items()}
+  copies: list[float] = []
+  for _ in range(repeats):
+    for t, r in rs.items():
+      r["ours"].append(r["run"]())
+      with numpy_threads(t if t is not None else 1): r["numpy"].append(timed(lambda: w.reference(inputs)))
+    if w.bound == "memory": copies.append(copy())
+  return rs, copies
 
 def rate(w: Workload, secs: float) -> str:
-  if w.bound == "memory": return f"{w.bytes / secs / 1e9:7.1f} GB/s"
-  return f"{w.flops / secs / 1e9:7.1f} GFLOP/s"
+  if w.bound == "memory": return f"{w.bytes / secs / 1e9:6.1f} GB/s"
+  return f"{w.flops / secs / 1e9:6.1f} GF/s"
+
+def spread(xs: list[float]) -> str:
+  return f"{1e3 * statistics.median(xs):8.2f} ({1e3 * min(xs):.2f}-{1e3 * max(xs):.2f})"
 
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--device", default="CPU")
   ap.add_argument("--repeats", type=int, default=7)
   ap.add_argument("--workloads", default="")
-  ap.add_argument("--threads", type=int, default=None, help="CPU only: threads of our kernels (default: the device's)")
+  ap.add_argument("--threads", default="", help="CPU only: comma-separated thread counts (default: 1 and the "
+                                                  "device's)")
   a = ap.parse_args()
   all_w = workloads()
   names = [n.strip() for n in a.workloads.split(",") if n.strip()] or list(all_w)
-  opts = {"threads": a.threads} if a.threads is not None and a.device.upper() == "CPU" else {}
-  dev = Device.open(a.device, **opts)
-  limit, note = numpy_single_thread()
-  with limit:
-    bw = copy_bandwidth(a.repeats)
-    print(f"device {dev.name}: {dev.renderer!r}; numpy: {note}; repeats {a.repeats}")
-    print(f"copy bandwidth (np.copyto 64 MiB, read+write): {bw / 1e9:.1f} GB/s")
-    hdr = (f"{'wl':3s} {'workload':42s} {'codegen':>8s} {'compile':>8s} {'ours ms (min-max)':>24s} {'ours':>15s} "
-           f"{'numpy ms':>9s} {'numpy':>15s} {'ours/np':>8s} {'ours/copy':>9s}")
-    print(hdr)
-    print("-" * len(hdr))
-    applied = []
-    for n in names:
-      w = all_w[n]
-      try: r = bench(w, dev, a.repeats)
-      except Exception as e:  # a codegen, compile or correctness failure: report it and go on
-        print(f"{w.name:3s} {w.desc:42s} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:150]}", flush=True)
-        continue
+  cpu = a.device.upper() == "CPU"
+  if cpu:
+    default = Device.open("CPU").renderer
+    counts = [int(t) for t in a.threads.split(",") if t.strip()] or sorted({1, getattr(default, "threads", 1)})
+    devs: dict[Optional[int], Any] = {t: Device.open("CPU", threads=t) for t in counts}
+  else: devs = {None: Device.open(a.device)}
+  copy = Copy()
+  print(f"device {a.device.upper()}: {', '.join(repr(d.renderer) for d in devs.values())}; {threadpool_note()}; "
+        f"repeats {a.repeats}")
+  with numpy_threads(1): bw = copy.bandwidth(statistics.median([copy() for _ in range(max(a.repeats, 5))]))
+  print(f"copy bandwidth (np.copyto 64 MiB, read+write), before the workloads: {bw / 1e9:.1f} GB/s")
+  hdr = (f"{'wl':3s} {'workload':40s} {'thr':>3s} {'codegen':>8s} {'compile':>8s} {'ours ms (min-max)':>24s} "
+         f"{'ours':>12s} {'numpy ms (min-max)':>24s} {'numpy':>12s} {'ours/np':>7s} {'vs 1thr':>7s} {'/copy':>6s}")
+  print(hdr)
+  print("-" * len(hdr))
+  applied = []
+  for n in names:
+    w = all_w[n]
+    try: rs, copies = bench(w, devs, a.repeats, copy)
+    except Exception as e:  # a codegen, compile or correctness failure: report it and go on
+      print(f"{w.name:3s} {w.desc:40s} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:150]}", flush=True)
+      continue
+    wbw = copy.bandwidth(statistics.median(copies)) if copies else bw
+    base = statistics.median(rs[min(rs, key=lambda t: t or 0)]["ours"])
+    for t, r in rs.items():
       om, nm = statistics.median(r["ours"]), statistics.median(r["numpy"])
-      rng = f"{1e3 * om:8.2f} ({1e3 * min(r['ours']):.2f}-{1e3 * max(r['ours']):.2f})"
-      vs_copy = f"{w.bytes / om / bw:9.2f}" if w.bound == "memory" else f"{'':>9s}"
-      print(f"{w.name:3s} {w.desc:42s} {r['codegen']:6.1f}ms {r['compile']:6.0f}ms {rng:>24s} {rate(w, om):>15s} "
-            f"{1e3 * nm:9.2f} {rate(w, nm):>15s} {nm / om:7.2f}x {vs_copy}", flush=True)
-      applied.append(f"{w.name} {r['name']}: {list(r['opts'])}")
-  print("ours/np > 1: ours is faster; ours/copy: the kernel's bandwidth over np.copyto's (memory-bound workloads)")
+      vs_copy = f"{w.bytes / om / wbw:6.2f}" if w.bound == "memory" else f"{'':>6s}"
+      print(f"{w.name:3s} {w.desc:40s} {t if t is not None else '-':>3} {r['codegen']:6.1f}ms {r['compile']:6.0f}ms "
+            f"{spread(r['ours']):>24s} {rate(w, om):>12s} {spread(r['numpy']):>24s} {rate(w, nm):>12s} "
+            f"{nm / om:6.2f}x {base / om:6.2f}x {vs_copy}", flush=True)
+      applied.append(f"{w.name} thr={t} {r['name']}: {list(r['opts'])}")
+    if copies: print(f"{'':3s} {'copy bandwidth interleaved with ' + w.name:40s} {wbw / 1e9:.1f} GB/s", flush=True)
+  print("ours/np > 1: ours is faster; vs 1thr: our median at the lowest thread count over this one; /copy: the "
+        "kernel's bandwidth over np.copyto's, interleaved with it (memory-bound workloads)")
   print("applied opts:")
   for line in applied: print("  " + line)
 

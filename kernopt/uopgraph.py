@@ -4,6 +4,7 @@ Imports dtype, ops, uops (and may read a renderer's capabilities)."""
 from __future__ import annotations
 import heapq
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Callable, Optional, Union
 from kernopt.dtype import DType, dtypes
 from kernopt.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu, truncate_float
@@ -125,6 +126,7 @@ class PatternMatcher:
       m = compile_upat(pat)
       for op in ops: self.by_op.setdefault(op, []).append((pat, m, fn))
     self._by_key: dict[tuple[UOps, Any], list[tuple[Matcher, Callable, tuple[frozenset, ...]]]] = {}
+    self._cands: dict[tuple[UOps, Any, tuple[UOps, ...]], list[tuple[Matcher, Callable]]] = {}
 
   def _rules(self, op: UOps, arg: Any) -> list[tuple[Matcher, Callable, tuple[frozenset, ...]]]:
     """(matcher, function, the ops some source must have) of each rule that can match a root with this op and
@@ -135,16 +137,21 @@ class PatternMatcher:
                                  if p.arg is None or p.arg == key[1]]
     return ret
 
+  def candidates(self, op: UOps, arg: Any, src_ops: tuple[UOps, ...]) -> list[tuple[Matcher, Callable]]:
+    """The rules worth matching on a root with this op, (ALU) arg and these source ops: a cheap necessary
+    condition, each source pattern that names ops needs a source with one of them."""
+    ret = [(m, f) for m, f, needs in self._rules(op, arg) if all(any(o in n for o in src_ops) for n in needs)]
+    if arg is None or isinstance(arg, Enum): self._cands[(op, id(arg), src_ops)] = ret  # members never die
+    return ret
+
   def rewrite(self, u: UOp) -> Optional[UOp]:
     """The first rule's replacement of u, or None."""
     op = u.op
-    rules = self._by_key.get((op, u.arg if op is UOps.ALU else None))
-    if rules is None: rules = self._rules(op, u.arg if op is UOps.ALU else None)
-    src_ops: Optional[set[UOps]] = None
-    for m, fn, needs in rules:
-      if needs:  # a cheap necessary condition before the match
-        if src_ops is None: src_ops = {s.op for s in u.src}
-        if any(src_ops.isdisjoint(n) for n in needs): continue
+    arg = u.arg if op is UOps.ALU else None
+    src_ops = tuple([s.op for s in u.src])
+    rules = self._cands.get((op, id(arg), src_ops))  # an ALU arg is an op enum member: its identity is its value
+    if rules is None: rules = self.candidates(op, arg, src_ops)
+    for m, fn in rules:
       caps: dict[str, UOp] = {}
       if m(u, caps) and (ret := fn(**caps)) is not None and ret is not u: return ret
     return None
@@ -396,7 +403,14 @@ def _param_key(u: UOp) -> tuple:
   return ()
 
 def toposort(root: UOp) -> list[UOp]:
-  """Every UOp reachable from root, sources before users (iterative DFS, deterministic)."""
+  """Every UOp reachable from root, sources before users (iterative DFS, deterministic; kept on root, so the
+  linearizer reuses the rewrite's order when no rule changed the graph)."""
+  if (done := root.__dict__.get("_toposort")) is not None: return [*done, root]
+  order = _toposort(root)
+  root.__dict__["_toposort"] = tuple(order[:-1])  # without root itself: no reference cycle (see uops._sweep)
+  return order
+
+def _toposort(root: UOp) -> list[UOp]:
   order: list[UOp] = []
   state: dict[UOp, bool] = {}   # False: its sources are being visited, True: placed in order
   stack = [root]

@@ -15,7 +15,7 @@ class UOps(Enum):
   SINK          src: the STOREs (and other effects) of the kernel                        arg: -
   DEFINE_GLOBAL src: -                        dtype: element dtype (ImageDType for images)  arg: (index, name, writable)
   DEFINE_VAR    src: -                        dtype: int32                                   arg: Variable
-  DEFINE_LOCAL  src: -                        dtype: element dtype                           arg: (name, size in elements)
+  DEFINE_LOCAL  src: -                        dtype: element dtype                           arg: (name, elements)
   DEFINE_ACC    src: the reduce RANGEs it accumulates over   dtype: accumulator dtype
                 arg: (initial value, accumulator number): the number keeps interned accumulators distinct
   SPECIAL       src: -                        dtype: int32   arg: (dim, name, size): name "gidx<d>" or "lidx<d>"

@@ -205,7 +205,8 @@ def test_sequential_loops_with_barrier():
 def test_compiled_patterns_agree_with_upat_match():
   from kernopt.uopgraph import compile_upat
   g = gidx()
-  nodes = [alu(BinaryOps.ADD, g, c(0)), alu(BinaryOps.ADD, c(0), g), alu(BinaryOps.ADD, g, g), alu(BinaryOps.MUL, g, c(1)),
+  nodes = [alu(BinaryOps.ADD, g, c(0)), alu(BinaryOps.ADD, c(0), g), alu(BinaryOps.ADD, g, g),
+           alu(BinaryOps.MUL, g, c(1)),
            alu(BinaryOps.ADD, alu(BinaryOps.ADD, g, c(2)), c(3)), alu(BinaryOps.ADD, c(3), alu(BinaryOps.ADD, g, c(2))),
            alu(TernaryOps.WHERE, c(True, B), X, X), alu(BinaryOps.MAX, g, c(3)), X, c(1.5, F)]
   for pat, _ in RULES:
@@ -237,3 +238,15 @@ def test_deep_chain_has_no_recursion_limit():
   root = UOp(UOps.SINK, None, (UOp(UOps.STORE, None, (BUF, gidx(), x)),))
   assert rw(root) is root
   assert len(linearize(root)) > 3000
+
+def test_toposort_is_cached_without_keeping_the_root_alive():
+  import weakref
+  from kernopt import uops as uops_mod
+  from kernopt.uopgraph import toposort
+  root = UOp(UOps.SINK, None, (UOp(UOps.STORE, None, (BUF, c(777001), X)),))
+  first = toposort(root)
+  assert toposort(root) == first and first[-1] is root and first[0] is BUF
+  ref = weakref.ref(root)
+  del root, first
+  uops_mod._sweep(full=True)
+  assert ref() is None   # the interned table let it go: the cached order doesn't refer back to the root

@@ -72,7 +72,8 @@ def _mulacc(r: CStyleLanguage, dt: DType, a: str, b: str, c: str) -> str:
   return _wrap("+")(r, dt, _wrap("*")(r, dt, a, b), c)
 
 # arithmetic that has no meaning on bool (the interpreter refuses it too)
-_NO_BOOL_OPS = frozenset({UnaryOps.RECIP, BinaryOps.IDIV, BinaryOps.MOD, BinaryOps.SHL, BinaryOps.SHR, TernaryOps.MULACC})
+_NO_BOOL_OPS = frozenset({UnaryOps.RECIP, BinaryOps.IDIV, BinaryOps.MOD, BinaryOps.SHL, BinaryOps.SHR,
+                          TernaryOps.MULACC})
 
 class CStyleLanguage(Renderer):
   """Base of the C-family dialects. To write a dialect, override:
@@ -443,15 +444,23 @@ class CRenderer(CStyleLanguage):
     dtypes.float64: "double"}
 
   def render_dtype(self, dt: DType) -> str:
+    # memoized by identity (DType hashing dominates emission otherwise); the entry keeps dt alive, so ids stay unique
+    cache: dict[int, tuple[DType, str, Optional[str]]] = self.__dict__.setdefault("_dtype_names", {})
+    if (hit := cache.get(id(dt))) is None or hit[0] is not dt:
+      hit = cache[id(dt)] = (dt, *self._render_dtype(dt))
+    if hit[2] is not None: self.helper(hit[1], hit[2])
+    return hit[1]
+
+  def _render_dtype(self, dt: DType) -> tuple[str, Optional[str]]:
+    """dt's C spelling and the typedef it needs (None for none)."""
     if dt.count > 1 and not isinstance(dt, ImageDType):
       scalar = dt.scalar()
       if scalar in self.storage_floats or scalar == dtypes.bool or dt.count & (dt.count - 1):
         raise UnsupportedError(f"{self.dialect_name} has no vector type {dt}")
       name = f"{self.render_dtype(scalar)}{dt.count}"
-      self.helper(name, f"typedef {self.render_dtype(scalar)} {name} __attribute__((aligned({dt.itemsize}), "
-                        f"vector_size({dt.itemsize})));")
-      return name
-    return super().render_dtype(dt)
+      return name, (f"typedef {self.render_dtype(scalar)} {name} __attribute__((aligned({dt.itemsize}), "
+                    f"vector_size({dt.itemsize})));")
+    return super().render_dtype(dt), None
 
   def render_vectorize(self, dt: DType, elems: list[str]) -> str:
     return f"(({self.render_dtype(dt)}){{{', '.join(elems)}}})"

@@ -31,7 +31,9 @@ def _base_offset(idx: UOp) -> tuple[Optional[UOp], int]:
      isinstance(idx.src[1].arg, int): return idx.src[0], idx.src[1].arg
   return idx, 0
 
-def _vector_dtype(dt: Any) -> bool: return any(dt is d for d in VECTOR_DTYPES) or dt in VECTOR_DTYPES
+_VECTOR_NAMES = frozenset(d.name for d in VECTOR_DTYPES)
+def _vector_dtype(dt: Any) -> bool:
+  return dt is not None and dt.count == 1 and dt.name in _VECTOR_NAMES and not isinstance(dt, ImageDType)
 
 def _plain_global(buf: UOp) -> bool:
   return buf.op is UOps.DEFINE_GLOBAL and not isinstance(buf.dtype, ImageDType)
@@ -39,20 +41,24 @@ def _plain_global(buf: UOp) -> bool:
 class _Packer:
   def __init__(self, uops: list[UOp], width: int):
     self.uops, self.width = uops, width
-    self.pos = {u: i for i, u in enumerate(uops)}
+    self.pos: dict[UOp, int] = {}
     self.scope: dict[UOp, tuple[UOp, ...]] = {}
-    stack: list[UOp] = []
-    for u in uops:
-      if u.op in (UOps.ENDRANGE, UOps.ENDIF): stack.pop()
-      self.scope[u] = tuple(stack)
-      if u.op in (UOps.RANGE, UOps.IF): stack.append(u)
     self.users: dict[UOp, list[UOp]] = {}
-    for u in uops:
-      for s in u.src: self.users.setdefault(s, []).append(u)
+    self.todo: list[UOp] = []
+    scope: tuple[UOp, ...] = ()
+    alu, phi, store = UOps.ALU, UOps.PHI, UOps.STORE
+    for i, u in enumerate(uops):
+      op = u.op
+      if op is UOps.ENDRANGE or op is UOps.ENDIF: scope = scope[:-1]
+      self.pos[u], self.scope[u] = i, scope
+      if op is UOps.RANGE or op is UOps.IF: scope = scope + (u,)
+      for s in u.src:
+        if (lst := self.users.get(s)) is None: self.users[s] = [u]
+        else: lst.append(u)
+      if (op is alu and u.arg in VECTOR_ALU and _vector_dtype(u.dtype)) or op is phi or \
+         (op is store and len(u.src) == 3 and _plain_global(u.src[0])): self.todo.append(u)
     self.groups: list[_Group] = []
     self.of: dict[UOp, tuple[int, int]] = {}
-    self.todo = [u for u in uops if (u.op is UOps.ALU and u.arg in VECTOR_ALU and _vector_dtype(u.dtype)) or
-                 u.op is UOps.PHI or (u.op is UOps.STORE and len(u.src) == 3 and _plain_global(u.src[0]))]
 
   def add(self, kind: str, members: tuple[UOp, ...], parts: tuple = (), deps: Optional[set[int]] = None) -> int:
     gid = len(self.groups)
