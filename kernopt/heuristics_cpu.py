@@ -1,11 +1,12 @@
 """Hand-coded optimizations for the native CPU profile (renderers/native.py), used by `Kernel.hand_coded_optimizations`
 when the renderer's `heuristics` is "cpu_native". They shape register tiles for the lane packer: a vector axis of
 `vector_width` contiguous lanes, broadcast rows upcast into independent accumulators, contiguous reduces unrolled into
-vector accumulators. Only existing OptOps are used, so every choice is checked like any other. Imports kernel only
-for types; the stdlib otherwise."""
+vector accumulators. Only existing OptOps are used, so every choice is checked like any other. Imports errors and opt;
+the Kernel is passed in."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 from kernopt.errors import KernelOptError
+from kernopt.opt import Opt, OptOps
 
 if TYPE_CHECKING: from kernopt.kernel import Kernel
 
@@ -48,7 +49,6 @@ def row_axis(k: Kernel, vaxis: int) -> Optional[int]:
   return best[1] if best is not None else None
 
 def _try(k: Kernel, op_name: str, axis: int, amt: int) -> bool:
-  from kernopt.kernel import Opt, OptOps
   try:
     k.apply_opt(Opt(OptOps[op_name], axis, amt))
     return True

@@ -6,65 +6,18 @@ from __future__ import annotations
 import functools
 import itertools
 from dataclasses import dataclass, replace
-from enum import Enum, auto
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
-from kernopt import ops
+from kernopt import heuristics, heuristics_cpu, ops
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import KernelOptError, ShapeError, UnsupportedError, VerifyError
+from kernopt.opt import Opt, OptOps, TensorCoreOptions
 from kernopt.helpers import all_int, all_same, ansilen, ansistrip, colored, dedup, get_contraction, getconfig, prod, \
                             round_up, to_function_name
 from kernopt.ops import BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps
 from kernopt.renderers import BufferArg, Program, Renderer, TensorCore, get_renderer
 from kernopt.shape.shapetracker import ShapeTracker
 from kernopt.shape.symbolic import sint
-
-class OptOps(Enum):
-  """The kinds of Opt. Each moves part of an axis into another group of the loop nest (see Kernel.colors)."""
-  TC = auto(); UPCAST = auto(); UPCASTMID = auto(); UNROLL = auto(); LOCAL = auto() # noqa: E702
-  GROUP = auto(); GROUPTOP = auto(); NOLOCALS = auto(); PADTO = auto(); MERGE = auto() # noqa: E702
-  def __lt__(self, other: OptOps) -> bool: return self.value < other.value
-
-def _opt_key(o: Opt) -> tuple:
-  op = o.op.value if isinstance(o.op, OptOps) else -1
-  return (op, -1 if o.axis is None else o.axis, -1 if o.amt is None else o.amt)
-
-@functools.total_ordering
-@dataclass(frozen=True)
-class Opt:
-  """One optimization: `op` applied to `axis` (counted from the first reduce axis for UNROLL, from the first
-  ungrouped reduce axis for GROUP/GROUPTOP) with amount `amt` (0: the whole axis)."""
-  op: OptOps
-  axis: Optional[int] = None
-  amt: Optional[int] = None
-
-  def __repr__(self) -> str:
-    return f"Opt(op=OptOps.{getattr(self.op, 'name', self.op)}, axis={self.axis}, amt={self.amt})"
-  def __lt__(self, other: Opt) -> bool: return _opt_key(self) < _opt_key(other)
-
-  def real_axis(self, k: Kernel) -> int:
-    """The axis of k's full shape this Opt addresses (-1 when it has none)."""
-    if self.axis is None: return -1
-    if self.op is OptOps.UNROLL: return k.first_reduce + self.axis
-    if self.op in (OptOps.GROUP, OptOps.GROUPTOP): return k.first_reduce + k.group_for_reduces + self.axis
-    return self.axis
-
-@dataclass(frozen=True)
-class TensorCoreOptions:
-  """Where the tensor core's N, M and K axes sit in the full shape; `axes_exist` says whether N and M still exist
-  (an axis of size 1 is dropped), `axis_pads` the (axis, multiple) pads the match needed."""
-  axes: tuple[int, ...]
-  axes_exist: tuple[bool, ...]
-  axis_pads: tuple[tuple[int, int], ...]
-
-  def fix_axes(self, removed_axis: int) -> TensorCoreOptions:
-    """The options after axis `removed_axis` was dropped from the shape."""
-    axes, exist = list(self.axes), list(self.axes_exist)
-    for d in range(2):
-      if not exist[d]: continue
-      if removed_axis < axes[d]: axes[d] -= 1
-      elif removed_axis == axes[d]: exist[d] = False
-    return replace(self, axes=tuple(axes), axes_exist=tuple(exist))
 
 @dataclass(frozen=True)
 class _TCLayout:
@@ -666,143 +619,14 @@ class Kernel:
         self.apply_opt(Opt(OptOps.UPCAST, axes[0], 4))
     return self
 
-  def _matvec(self) -> bool:
-    """Matrix-vector heuristic: group the contiguous reduce across threads, block the rows. True if applied."""
-    cfg = getconfig()
-    bs, tpr, rpt = cfg.MV_BLOCKSIZE, cfg.MV_THREADS_PER_ROW, cfg.MV_ROWS_PER_THREAD
-    r = self.reduceop
-    if not (self.opts.has_local and self.opts.has_shared and cfg.MV != 0 and (bs > 1 or tpr > 1 or rpt > 1) and
-            r is not None and r.op is ReduceOps.SUM and self.shape_len >= 2): return False
-    mul = r.src[0]
-    if not (mul.op is BinaryOps.MUL and all(s.op is BufferOps.LOAD for s in mul.src[:2]) and len(mul.src) == 2):
-      return False
-    st0, st1 = self.sts[self._buf_index[mul.src[0].arg]], self.sts[self._buf_index[mul.src[1].arg]]
-    s0, s1 = st0.real_strides(), st1.real_strides()
-    def expanded(shape: tuple, strides: tuple) -> bool:
-      return any(st == 0 and not (_is_int(s) and s <= 1) for s, st in zip(shape, strides))
-    fr = self.first_reduce
-    if s0[fr] != 1 or (expanded(st0.shape, s0) and expanded(st1.shape, s1)): return False
-    for g in range(self.global_dims):
-      if _divides(self.full_shape[fr], tpr) and _divides(self.full_shape[g], bs * rpt):
-        if cfg.DEBUG >= 3: print(f"MATVEC: full_shape={self.full_shape} first_reduce={fr} {s0=} {bs=} {tpr=} {rpt=}")
-        if tpr > 1: self.apply_opt(Opt(OptOps.GROUP, 0, tpr))
-        if bs > 1: self.apply_opt(Opt(OptOps.LOCAL, g, bs))
-        if rpt > 1: self.apply_opt(Opt(OptOps.UPCAST, g, rpt))
-        return True
-    return False
-
   def hand_coded_optimizations(self) -> Kernel:
-    """The spec's heuristics, in order: matvec; GROUPTOP of small outputs; image float4 upcasts; masked-axis
-    upcasts; upcasts of broadcast axes while the output is large; reduce unrolling; a default upcast; locals.
-    Never applies tensor cores. A renderer whose `heuristics` is "cpu_native" (the native CPU profile) gets
-    heuristics_cpu's register tiles instead, falling back to these when none fits."""
+    """The spec's heuristics (kernopt/heuristics.py), or, for a renderer whose `heuristics` is "cpu_native" (the
+    native CPU profile), heuristics_cpu's register tiles, falling back to the spec's when none fits. Never applies
+    tensor cores."""
     self.required_optimizations()
-    if getattr(self.opts, "heuristics", "spec") == "cpu_native":
-      from kernopt.heuristics_cpu import hand_coded_cpu
-      if hand_coded_cpu(self): return self
-    if self._matvec(): return self
-    out = self.sts[0]
-    if self.opts.has_local and self.opts.has_shared and all_int(out.shape[:self.first_reduce]):
-      self._group_small_outputs()
-    self._upcast_images()
-    if self.group_for_reduces: return self
-    self._upcast_masked()
-    self._upcast_broadcasts()
-    self._unroll_reduce()
-    if self.upcasted == 0 and self.full_unupcasted_shape and _divides(self.full_unupcasted_shape[-1], 4):
-      self.apply_opt(Opt(OptOps.UPCAST, len(self.full_unupcasted_shape) - 1, 4))
-    if self.opts.has_local: self._add_locals()
+    if getattr(self.opts, "heuristics", "spec") == "cpu_native" and heuristics_cpu.hand_coded_cpu(self): return self
+    heuristics.hand_coded(self)
     return self
-
-  def _group_small_outputs(self) -> None:
-    fr, out = self.first_reduce, self.sts[0]
-    n_out = prod(out.shape[:fr])
-    if not self.float4_axis(0) and fr <= 2 and fr + 1 <= self.shape_len and n_out <= 2048:
-      for sz in ((256, 16) if n_out <= 32 else (16,)):
-        if all(_divides(st.shape[fr], sz) or st.shape[fr] == 1 for st in self.sts):
-          try:
-            self.apply_opt(Opt(OptOps.GROUPTOP, 0, sz))
-            break
-          except KernelOptError: pass
-    out = self.sts[0]
-    if self.bufs[0].dtype.name.startswith("image") and not self.float4_axis(0) and self.group_for_reduces and \
-       self.first_reduce <= 2 and all_int(out.shape) and prod(out.shape) > 1:
-      axes = out.unit_stride_axes()
-      if len(axes) == 1 and _divides(out.shape[axes[0]], 4): self.apply_opt(Opt(OptOps.UPCASTMID, axes[0], 4))
-
-  def _upcast_images(self) -> None:
-    for i, buf in enumerate(self.bufs):
-      if not isinstance(buf.dtype, ImageDType): continue
-      st = self.sts[i]
-      axes = [a for a in st.unit_stride_axes(ignore_valid=True) if _divides(st.shape[a], 4)]
-      end = self.shape_len - self.upcasted
-      if axes and all(a < end for a in axes) and axes[0] not in self.upcast_in_mid_reduce_axes:
-        if axes[0] < self.first_reduce: self.apply_opt(Opt(OptOps.UPCAST, axes[0], 4))
-        else: self.apply_opt(Opt(OptOps.UNROLL, axes[0] - self.first_reduce, 4))
-
-  def _upcast_masked(self) -> None:
-    """Fully upcast small masked axes (e.g. from a stack or a pad), leading axes first, up to 49 lanes in all."""
-    chosen: list[int] = []
-    for axis in range(self.first_reduce):
-      size = self.full_shape[axis]
-      if _is_int(size) and size <= 7 and any(st.axis_is_masked(axis) for st in self.sts) and \
-         prod(self.full_shape[self.shape_len - self.upcasted:]) * prod(self.full_shape[j] for j in chosen) * size <= 49:
-        if getconfig().DEBUG >= 4: print(f"upcasting masked axis : {axis}")
-        chosen.append(axis)
-    for axis in reversed(chosen): self.apply_opt(Opt(OptOps.UPCAST, axis, 0))
-
-  def _upcast_broadcasts(self) -> None:
-    """While the output has >= 1024 elements, upcast by 3 or 4 an axis some buffer broadcasts (stride 0), preferring
-    axes few buffers walk and with small strides."""
-    done: set[int] = set()
-    while all_int(self.sts[0].shape[:self.first_reduce]) and prod(self.sts[0].shape[:self.first_reduce]) >= 1024:
-      choices = []
-      for axis, amt in itertools.product(range(self.first_reduce), (3, 4)):
-        if axis in done or not _is_int(self.full_shape[axis]) or self.full_shape[axis] % amt: continue
-        if any(st.views[-1].strides[axis] == 0 and not any(x[1] == 0 for x in self.upcasted_axis(i))
-               for i, st in enumerate(self.sts)):
-          strides = [st.views[-1].strides[axis] for st in self.sts]
-          choices.append((sum(_stride_key(s) > 0 for s in strides), sum(_stride_key(s) for s in strides), axis, amt))
-      if not choices: break
-      _, _, axis, amt = min(choices)
-      if getconfig().DEBUG >= 4: print(f"float4 merging axis : {sorted(choices)}")
-      self.apply_opt(Opt(OptOps.UPCAST, axis, amt))
-      done.add(axis)
-
-  def _unroll_reduce(self) -> None:
-    """Unroll a small last reduce axis entirely (and a second one if both are <= 3), else by 4."""
-    if self.first_reduce >= self.shape_len - self.upcasted: return
-    lanes = prod(self.sts[self.full_buf_index].shape[self.shape_len - self.upcasted:]) if self.upcasted else 1
-    if not (lanes <= 4 or not any(r for _, _, r in self.upcasted_axis(self.full_buf_index))): return
-    if self.upcasted and not prod(self.full_shape[-self.upcasted:]) < 64: return
-    last = len(self.full_unupcasted_shape) - 1
-    s = self.full_unupcasted_shape[-1]
-    if _is_int(s) and s <= 32:
-      self.apply_opt(Opt(OptOps.UNROLL, last - self.first_reduce, 0))
-      s2 = self.full_unupcasted_shape[-1] if self.full_unupcasted_shape else None
-      if self.first_reduce < self.shape_len - self.upcasted and s <= 3 and _is_int(s2) and s2 <= 3:
-        self.apply_opt(Opt(OptOps.UNROLL, len(self.full_unupcasted_shape) - 1 - self.first_reduce, 0))
-    elif _divides(s, 4):
-      self.apply_opt(Opt(OptOps.UNROLL, last - self.first_reduce, 4))
-
-  def _add_locals(self) -> None:
-    """Make up to three global axes local, broadcast axes and later axes first, at most 128 threads in all."""
-    if getconfig().NOLOCALS and self.local_dims == 0 and not self.group_for_reduces:
-      self.apply_opt(Opt(OptOps.NOLOCALS))
-      return
-    ranking = [(any(st.views[-1].strides[axis] == 0 for st in self.sts), axis) for axis in range(self.first_reduce)]
-    to_local: list[tuple[int, int]] = []
-    for _, axis in sorted(ranking, key=lambda x: (-x[0], -x[1])):
-      threads = prod(sz for _, sz in to_local)
-      sz = next((x for x in ([32] if axis == 0 else []) + [16, 8, 4, 3, 2]
-                 if _divides(self.full_shape[axis], x) and threads * x <= 128), None)
-      if sz is not None: to_local.append((axis, sz))
-    removed = 0
-    for axis, sz in sorted(to_local[:3]):
-      axis -= removed
-      whole = sz == self.full_shape[axis]
-      self.apply_opt(Opt(OptOps.LOCAL, axis, sz))
-      if whole: removed += 1
 
   # ***** the optimized AST *****
 

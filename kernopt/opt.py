@@ -1,0 +1,56 @@
+"""Opt, the unit of optimization a Kernel applies, its kinds (OptOps), and where a tensor core's axes sit
+(TensorCoreOptions). Plain immutable data; imports only the standard library."""
+from __future__ import annotations
+import functools
+from dataclasses import dataclass, replace
+from enum import Enum, auto
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING: from kernopt.kernel import Kernel
+
+class OptOps(Enum):
+  """The kinds of Opt. Each moves part of an axis into another group of the loop nest (see Kernel.colors)."""
+  TC = auto(); UPCAST = auto(); UPCASTMID = auto(); UNROLL = auto(); LOCAL = auto() # noqa: E702
+  GROUP = auto(); GROUPTOP = auto(); NOLOCALS = auto(); PADTO = auto(); MERGE = auto() # noqa: E702
+  def __lt__(self, other: OptOps) -> bool: return self.value < other.value
+
+def _opt_key(o: Opt) -> tuple:
+  op = o.op.value if isinstance(o.op, OptOps) else -1
+  return (op, -1 if o.axis is None else o.axis, -1 if o.amt is None else o.amt)
+
+@functools.total_ordering
+@dataclass(frozen=True)
+class Opt:
+  """One optimization: `op` applied to `axis` (counted from the first reduce axis for UNROLL, from the first
+  ungrouped reduce axis for GROUP/GROUPTOP) with amount `amt` (0: the whole axis)."""
+  op: OptOps
+  axis: Optional[int] = None
+  amt: Optional[int] = None
+
+  def __repr__(self) -> str:
+    return f"Opt(op=OptOps.{getattr(self.op, 'name', self.op)}, axis={self.axis}, amt={self.amt})"
+  def __lt__(self, other: Opt) -> bool: return _opt_key(self) < _opt_key(other)
+
+  def real_axis(self, k: Kernel) -> int:
+    """The axis of k's full shape this Opt addresses (-1 when it has none)."""
+    if self.axis is None: return -1
+    if self.op is OptOps.UNROLL: return k.first_reduce + self.axis
+    if self.op in (OptOps.GROUP, OptOps.GROUPTOP): return k.first_reduce + k.group_for_reduces + self.axis
+    return self.axis
+
+@dataclass(frozen=True)
+class TensorCoreOptions:
+  """Where the tensor core's N, M and K axes sit in the full shape; `axes_exist` says whether N and M still exist
+  (an axis of size 1 is dropped), `axis_pads` the (axis, multiple) pads the match needed."""
+  axes: tuple[int, ...]
+  axes_exist: tuple[bool, ...]
+  axis_pads: tuple[tuple[int, int], ...]
+
+  def fix_axes(self, removed_axis: int) -> TensorCoreOptions:
+    """The options after axis `removed_axis` was dropped from the shape."""
+    axes, exist = list(self.axes), list(self.axes_exist)
+    for d in range(2):
+      if not exist[d]: continue
+      if removed_axis < axes[d]: axes[d] -= 1
+      elif removed_axis == axes[d]: exist[d] = False
+    return replace(self, axes=tuple(axes), axes_exist=tuple(exist))
