@@ -3,7 +3,9 @@ Kernel + standard protocol + linearize + render), first compile with the disk ca
 min-max over repeats) next to numpy on the same math at the same thread count (threadpoolctl), all runs of a workload
 interleaved (ours and numpy at every thread count, and for memory-bound workloads np.copyto of 64 MiB, whose
 bandwidth the kernel is compared with), so every figure sees the same machine load.
-Usage: python3 benchmarks/bench_kernels.py [--device CPU|OPENCL] [--repeats N] [--workloads W1,W2] [--threads 1,2]"""
+Usage: python3 benchmarks/bench_kernels.py [--device CPU|OPENCL] [--repeats N] [--workloads W1,W2] [--threads 1,2]
+                                          [--profile native|static]
+(--profile static: the spec's C dialect on one thread, with the spec's own choice of opts.)"""
 from __future__ import annotations
 import argparse
 import contextlib
@@ -108,14 +110,17 @@ def main() -> None:
   ap.add_argument("--workloads", default="")
   ap.add_argument("--threads", default="", help="CPU only: comma-separated thread counts (default: 1 and the "
                                                   "device's)")
+  ap.add_argument("--profile", default="native", choices=("native", "static"),
+                  help="CPU only: native (the host profile, the default) or static (the spec's C dialect, one thread)")
   a = ap.parse_args()
   all_w = workloads()
   names = [n.strip() for n in a.workloads.split(",") if n.strip()] or list(all_w)
   cpu = a.device.upper() == "CPU"
-  if cpu:
+  if cpu and a.profile == "static": devs: dict[Optional[int], Any] = {1: Device.open("CPU", profile="static")}
+  elif cpu:
     default = Device.open("CPU").renderer
     counts = [int(t) for t in a.threads.split(",") if t.strip()] or sorted({1, getattr(default, "threads", 1)})
-    devs: dict[Optional[int], Any] = {t: Device.open("CPU", threads=t) for t in counts}
+    devs = {t: Device.open("CPU", threads=t) for t in counts}
   else: devs = {None: Device.open(a.device)}
   copy = Copy()
   print(f"device {a.device.upper()}: {', '.join(repr(d.renderer) for d in devs.values())}; {threadpool_note()}; "

@@ -266,34 +266,40 @@ class _Packer:
   # ***** rewriting *****
 
   def rewrite(self) -> list[UOp]:
-    live = [g for g in self.groups if g.live]
+    groups = self.groups
+    live = [gid for gid, g in enumerate(groups) if g.live]
     if not live: return self.uops
-    at: dict[int, int] = {self.place(g): gid for gid, g in enumerate(self.groups) if g.live}
+    pos = self.pos
+    at: dict[int, int] = {max(pos[m] for m in groups[gid].members): gid for gid in live}
+    # lanes dropped from the list (a load's or gather's lanes stay as scalar loads for scalar readers)
+    rep: dict[UOp, tuple[int, int]] = {}
+    for gid in live:
+      if groups[gid].kind not in ("gather", "load"):
+        for lane, m in enumerate(groups[gid].members): rep[m] = (gid, lane)
     vec: dict[int, UOp] = {}
     new: dict[UOp, UOp] = {}
     geps: dict[tuple[int, int], UOp] = {}
     out: list[UOp] = []
+    emitted: dict[UOp, tuple] = {}
 
     def scalar(s: UOp) -> UOp:
-      if not self.replaced(s): return new.get(s, s)
-      gid, lane = self.of[s]
-      if (gid, lane) not in geps:
-        geps[gid, lane] = UOp(UOps.GEP, s.dtype, (vec[gid],), lane)
-        out.append(geps[gid, lane])
-      return geps[gid, lane]
+      if (gl := rep.get(s)) is None: return new.get(s, s)
+      if (g := geps.get(gl)) is None:
+        g = geps[gl] = UOp(UOps.GEP, s.dtype, (vec[gl[0]],), gl[1])
+        out.append(g)
+      return g
 
     for i, u in enumerate(self.uops):
-      if self.replaced(u):
-        if i in at: self.emit_group(at[i], vec, scalar, out)
-        continue
-      src = tuple(scalar(s) for s in u.src)
-      nu = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
-      new[u] = nu
-      out.append(nu)
-      if i in at: self.emit_group(at[i], vec, scalar, out)
+      if u not in rep:
+        src = tuple([scalar(s) for s in u.src])
+        nu = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
+        new[u] = nu
+        out.append(nu)
+      if (gid := at.get(i)) is not None: self.emit_group(gid, vec, scalar, out, emitted)
     return out
 
-  def emit_group(self, gid: int, vec: dict[int, UOp], scalar: Any, out: list[UOp]) -> None:
+  def emit_group(self, gid: int, vec: dict[int, UOp], scalar: Any, out: list[UOp],
+                 emitted: dict[UOp, tuple]) -> None:
     g, w = self.groups[gid], self.width
     m0 = g.members[0]
     dt: DType = (m0.src[2].dtype if g.kind == "store" else m0.dtype)  # type: ignore[assignment]
@@ -307,29 +313,43 @@ class _Packer:
     else:
       srcs = []
       for p in g.parts:
-        if p[0] == "g":
-          b = UOp(UOps.VECTORIZE, vdt, tuple(scalar(x) for x in p[1]))
+        if p[0] == "v" or p[0] == "a":
+          srcs.append(vec[p[1]])
+          continue
+        if p[0] == "g": b = UOp(UOps.VECTORIZE, vdt, tuple([scalar(x) for x in p[1]]))
+        elif p[1].op is UOps.CONST: b = UOp(UOps.CONST, vdt, (), p[1].arg)
+        else: b = UOp(UOps.VECTORIZE, vdt, (scalar(p[1]),) * w)
+        # interned: a broadcast or gather already emitted in this scope is reused
+        if emitted.get(b) != self.scope[m0]:
+          emitted[b] = self.scope[m0]
           out.append(b)
-          srcs.append(b)
-        elif p[0] != "s": srcs.append(vec[p[1]])
-        elif p[1].op is UOps.CONST:
-          c = UOp(UOps.CONST, vdt, (), p[1].arg)
-          out.append(c)
-          srcs.append(c)
-        else:
-          b = UOp(UOps.VECTORIZE, vdt, (scalar(p[1]),) * w)
-          out.append(b)
-          srcs.append(b)
+        srcs.append(b)
       v = UOp(UOps.ALU, vdt, tuple(srcs), m0.arg)
     vec[gid] = v
     out.append(v)
 
+_PURE = frozenset((UOps.LOAD, UOps.ALU, UOps.CONST, UOps.GEP, UOps.VECTORIZE, UOps.CAST, UOps.BITCAST))
+
+def drop_dead(uops: list[UOp]) -> list[UOp]:
+  """uops without the pure values (loads, ALU, casts, vector lane ops) that nothing kept reads: the scalar lanes and
+  index math that packed ops replaced. One backward pass (a value comes before its readers)."""
+  live: set[UOp] = set()
+  keep = [False] * len(uops)
+  for i in range(len(uops) - 1, -1, -1):
+    u = uops[i]
+    if u.op not in _PURE or u in live:
+      keep[i] = True
+      live.update(u.src)
+  return [u for u, k in zip(uops, keep) if k]
+
 def pack_lanes(uops: list[UOp], width: int) -> list[UOp]:
-  """uops with groups of `width` scalar lanes packed into vector ops (see the module docstring)."""
+  """uops with groups of `width` scalar lanes packed into vector ops (see the module docstring), without the dead
+  scalar lanes they leave behind."""
   if width < 2: return uops
   p = _Packer(uops, width)
   p.find_loads()
   p.seed_stores()
   while p.step(): pass
   p.prune()
-  return p.rewrite()
+  out = p.rewrite()
+  return out if out is uops else drop_dead(out)
