@@ -81,22 +81,31 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   _unroll_small_reduces(k)
   return True
 
+# most lanes (upcast x unroll) a window may be unrolled into: each lane is an op through lowering, linearizing and
+# packing, so a conv's 3x3 window over a 64-lane tile (576 lanes, 5x the codegen time) was measured no faster
+WINDOW_LANES = 64
+
 def _unroll_small_reduces(k: Kernel) -> None:
-  """Fully unroll reduce axes of at most 3 (a conv's window), last first, as the spec does."""
+  """Fully unroll reduce axes of at most 3 (a conv's window), last first, as the spec does, while the tile stays
+  within WINDOW_LANES lanes."""
   for _ in range(2):
     end = k.shape_len - k.upcasted
     if k.first_reduce >= end: return
     s = k.full_shape[end - 1]
-    if not (_int(s) and s <= 3 and _try(k, "UNROLL", end - 1 - k.first_reduce, 0)): return
+    lanes = 1
+    for x in k.full_shape[end:]: lanes *= x if _int(x) else 1
+    if not (_int(s) and s <= 3 and lanes * s <= WINDOW_LANES and _try(k, "UNROLL", end - 1 - k.first_reduce, 0)):
+      return
 
 def _unroll_contiguous_reduce(k: Kernel, width: int) -> bool:
-  """A reduce whose last axis is unit-stride in an input: unroll it into up to 4 vectors of accumulators."""
+  """A reduce whose last axis is unit-stride in an input: unroll it into 2 vectors of accumulators (memory-bound: 2
+  independent vector adds per iteration outrun the memory; 4 doubled the codegen time for nothing)."""
   end = k.shape_len - k.upcasted
   if k.first_reduce >= end: return False
   axis = end - 1
   if not any(_strides(k, i)[axis] == 1 for i in _inputs(k)): return False
   size = k.full_shape[axis]
-  for amt in (4 * width, 2 * width, width):
+  for amt in (2 * width, width):
     if amt <= k.opts.max_unroll and _int(size) and size % amt == 0 and \
        _try(k, "UNROLL", axis - k.first_reduce, amt): return True
   return False

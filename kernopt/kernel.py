@@ -8,7 +8,7 @@ import itertools
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
-from kernopt import heuristics, heuristics_cpu, ops
+from kernopt import heuristics, heuristics_cpu, heuristics_opencl, ops
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import KernelOptError, ShapeError, UnsupportedError, VerifyError
 from kernopt.opt import Opt, OptOps, TensorCoreOptions
@@ -625,6 +625,8 @@ class Kernel:
     tensor cores."""
     self.required_optimizations()
     if getattr(self.opts, "heuristics", "spec") == "cpu_native" and heuristics_cpu.hand_coded_cpu(self): return self
+    if getattr(self.opts, "heuristics", "spec") == "opencl_cpu" and heuristics_opencl.hand_coded_opencl(self):
+      return self
     heuristics.hand_coded(self)
     return self
 

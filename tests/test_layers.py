@@ -8,7 +8,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "kernopt"
 # (opt, heuristics and heuristics_cpu are kernopt's split of the table's kernel.py: the Opt data and the rules that
 # choose Opts sit below the Kernel that applies them)
 ORDER = ["dtype", "helpers", "errors", "shape.symbolic", "shape.view", "shape.shapetracker", "ops", "uops",
-         "renderers", "uopgraph", "lowerer", "opt", "heuristics", "heuristics_cpu", "kernel", "runtime", "search"]
+         "renderers", "uopgraph", "lowerer", "opt", "heuristics", "heuristics_cpu", "heuristics_opencl", "kernel",
+         "runtime", "search"]
 CORE = set(ORDER[:ORDER.index("runtime")])
 STDLIB = set(sys.stdlib_module_names)
 

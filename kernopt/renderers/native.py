@@ -5,6 +5,7 @@ Every departure from the static C profile is listed in docs/cpu.md. Imports dtyp
 from __future__ import annotations
 import functools
 import os
+import platform
 from typing import Any, Optional
 from kernopt.dtype import DType, dtypes
 from kernopt.errors import UnsupportedError
@@ -31,6 +32,9 @@ def host_vector_width(cpuinfo: str = "/proc/cpuinfo") -> int:
       break
   return 16 if "avx512f" in flags else 8 if "avx2" in flags else 4
 
+# inline-asm register class of the host's vector registers (None: loads are not pinned)
+_VECTOR_REG = {"x86_64": "x", "amd64": "x", "i686": "x", "aarch64": "w", "arm64": "w"}
+
 def host_threads() -> int:
   """The cores this process may run on."""
   try: return len(os.sched_getaffinity(0))
@@ -56,11 +60,14 @@ class NativeCRenderer(CRenderer):
     self.schedule = "static"
     self.min_parallel_work = min_parallel_work
     self.interchange = True
+    # vector loads pinned to a register (an empty asm), so GCC reads each once instead of folding it into every op
+    self.pin_loads: Optional[str] = _VECTOR_REG.get(platform.machine().lower())
     self._loop: Optional[UOp] = None
 
   def capabilities(self) -> dict[str, Any]:
     return {**super().capabilities(), "vector_width": self.vector_width, "threads": self.threads,
-            "parallel": self.parallel, "min_parallel_work": self.min_parallel_work, "interchange": self.interchange}
+            "parallel": self.parallel, "min_parallel_work": self.min_parallel_work, "interchange": self.interchange,
+            "pin_loads": self.pin_loads}
 
   def __repr__(self) -> str:
     return f"NativeCRenderer(vector_width={self.vector_width}, threads={self.threads}, parallel={self.parallel!r})"
@@ -80,6 +87,16 @@ class NativeCRenderer(CRenderer):
                         f"return ({vt})((m & ({it})a) | (~m & ({it})b)); }}")
       return f"{name}({srcs[0]}, {srcs[1]})"
     raise UnsupportedError(f"{self.dialect_name} has no vector {op.name}")
+
+  def render_load(self, buf: str, idx: str, dt: DType, buf_dt: DType) -> str:
+    if dt.count == 1 or self.pin_loads is None: return super().render_load(buf, idx, dt, buf_dt)
+    vt = self.render_dtype(dt)
+    name = f"ko_vload_reg_{vt}"
+    # the empty asm makes the value opaque: GCC can't re-read memory for each use (8 folded loads per 4x2 tile step
+    # instead of 2 made the matmul load-port bound)
+    self.helper(name, f"static inline {vt} {name}(const void* p) {{ {vt} v; memcpy(&v, p, sizeof(v)); "
+                      f"__asm__(\"\" : \"+{self.pin_loads}\"(v)); return v; }}")
+    return f"{name}({buf}+{idx})"
 
   # ***** threads *****
 
@@ -217,20 +234,24 @@ def interchange_outer_loops(uops: list[UOp]) -> list[UOp]:
   some load inside walks the reduce loop with a stride > 1 and depends on the inner one but not the outer one
   (matmul's B): each of its panels is then reused by every iteration of the other loop instead of being streamed
   again per tile. Every output element is still computed by the same code in the same order."""
-  ranges = [i for i, u in enumerate(uops) if u.op is UOps.RANGE]
+  ranges: list[int] = []
+  ends: dict[UOp, int] = {}
+  rng, end = UOps.RANGE, UOps.ENDRANGE
+  for i, u in enumerate(uops):
+    if u.op is rng: ranges.append(i)
+    elif u.op is end: ends[u.src[0]] = i
   if len(ranges) < 3: return uops
   i0, i1 = ranges[0], ranges[1]
   r0, r1 = uops[i0], uops[i1]
   if r0.arg[1] or r1.arg[1] or any(u.op not in (UOps.ALU, UOps.CONST) for u in uops[i0 + 1:i1]): return uops
   if r0 in r1.parents: return uops
-  ends = {u.src[0]: i for i, u in enumerate(uops) if u.op is UOps.ENDRANGE}
   if r0 not in ends or r1 not in ends or ends[r0] != ends[r1] + 1: return uops
-  reduces = [u for u in uops if u.op is UOps.RANGE and u.arg[1]]
+  reduces = [uops[i] for i in ranges if uops[i].arg[1]]
   def streamed(ld: UOp) -> bool:
     deps = ld.src[1].parents | {ld.src[1]}
     return r1 in deps and r0 not in deps and \
       any(red in deps and (st := _reduce_stride(ld.src[1], red)) is not None and abs(st) > 1 for red in reduces)
-  if not any(u.op is UOps.LOAD and u.src[0].op is UOps.DEFINE_GLOBAL and len(u.src) == 2 and streamed(u)
-             for u in uops[i1:]): return uops
+  load, glob = UOps.LOAD, UOps.DEFINE_GLOBAL
+  if not any(u.op is load and len(u.src) == 2 and u.src[0].op is glob and streamed(u) for u in uops[i1:]): return uops
   body = uops[i1 + 1:ends[r1]]
   return uops[:i0] + [r1, r0] + uops[i0 + 1:i1] + body + [uops[ends[r0]], uops[ends[r1]]] + uops[ends[r0] + 1:]

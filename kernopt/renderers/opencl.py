@@ -2,7 +2,8 @@
 work-group ids for SPECIALs, `__local` arrays and barriers, vectors through vloadN/vstoreN and `(float4)(...)`,
 images through read_imagef/write_imagef. Without cl_khr_fp16, half is a storage type (vload_half /
 vstore_half_rte, math in float, each result rounded to half); bfloat16 is a ushort bit pattern; bool buffers
-are uchar. Imports dtype, errors, ops, uops and renderers."""
+are uchar. The device profile of a CPU OpenCL device (PoCL) also packs upcast lanes into vector ops (vectorize.py) and
+chooses its Opts with heuristics_opencl. Imports dtype, errors, ops, uops and renderers."""
 from __future__ import annotations
 import threading
 from typing import Any, Optional
@@ -10,6 +11,7 @@ from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.ops import ALUOp, BinaryOps, TernaryOps, UnaryOps
 from kernopt.renderers.cstyle import CStyleLanguage
+from kernopt.renderers.vectorize import pack_lanes
 from kernopt.uops import UOp, UOps
 
 _SAMPLER = "__constant sampler_t smp = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;"
@@ -30,7 +32,10 @@ _render_state = threading.local()   # (uses fp64, uses fp16 arithmetic, has imag
 
 class OpenCLRenderer(CStyleLanguage):
   """OpenCL C. The no-argument profile is DESIGN.md's static one; the OPENCL device passes the real limits and
-  features (`has_fp16`: cl_khr_fp16 arithmetic; without it half is storage-only)."""
+  features (`has_fp16`: cl_khr_fp16 arithmetic; without it half is storage-only). `vector_width` > 1 (a CPU device:
+  its native float vector width) makes the CPU profile: scalar loads (supports_float4 off) whose contiguous lanes,
+  with the ALU ops and accumulators between them, are packed into floatN ops at render time, upcasts up to
+  2*vector_width, and `heuristics` "opencl_cpu" (kernopt/heuristics_opencl.py)."""
   device = "OPENCL"
   suffix = "cl"
   has_local = True
@@ -41,6 +46,8 @@ class OpenCLRenderer(CStyleLanguage):
   shared_max = 32768
   supports_images = True
   has_fp16 = False
+  vector_width = 1
+  heuristics = "spec"
 
   kernel_prefix = "__kernel "
   buffer_prefix = "__global "
@@ -58,23 +65,32 @@ class OpenCLRenderer(CStyleLanguage):
 
   def __init__(self, local_max: Optional[tuple[int, ...]] = None, max_local_size: Optional[int] = None,
                shared_max: Optional[int] = None, has_fp16: Optional[bool] = None,
-               supports_images: Optional[bool] = None):
+               supports_images: Optional[bool] = None, vector_width: Optional[int] = None):
     if local_max is not None: self.local_max = tuple(local_max)
     if max_local_size is not None: self.max_local_size = max_local_size
     if shared_max is not None: self.shared_max = shared_max
     if has_fp16 is not None: self.has_fp16 = has_fp16
     if supports_images is not None: self.supports_images = supports_images
+    if vector_width is not None and vector_width > 1:
+      if vector_width not in (2, 4, 8, 16): raise UnsupportedError(f"OpenCL has no float{vector_width} vectors")
+      self.vector_width, self.heuristics, self.supports_float4 = vector_width, "opencl_cpu", False
+      self.max_upcast = max(self.max_upcast, 2 * vector_width)
     self.storage_floats = frozenset((dtypes.bfloat16,) if self.has_fp16 else (dtypes.half, dtypes.bfloat16))
 
   def capabilities(self) -> dict[str, Any]:
-    return {**super().capabilities(), "has_fp16": self.has_fp16}
+    return {**super().capabilities(), "has_fp16": self.has_fp16, "vector_width": self.vector_width,
+            "heuristics": self.heuristics}
+
+  def __repr__(self) -> str:
+    extra = f", vector_width={self.vector_width}, heuristics={self.heuristics!r}" if self.vector_width > 1 else ""
+    return f"{type(self).__name__}(device={self.device!r}{extra})"
 
   def render(self, name: str, uops: list[UOp]) -> str:
     scalars = {u.dtype.scalar() for u in uops if u.dtype is not None and not isinstance(u.dtype, ImageDType)}
     images = any(u.op is UOps.DEFINE_GLOBAL and isinstance(u.dtype, ImageDType) for u in uops)
     outer = getattr(_render_state, "flags", None)
     _render_state.flags = (dtypes.float64 in scalars, dtypes.half in scalars and self.has_fp16, images)
-    try: return super().render(name, uops)
+    try: return super().render(name, pack_lanes(list(uops), self.vector_width) if self.vector_width > 1 else uops)
     finally: _render_state.flags = outer
 
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
@@ -172,6 +188,9 @@ class OpenCLRenderer(CStyleLanguage):
       spell = self.spelling(op)
       assert spell is not None and not isinstance(spell, str)
       return spell(self, dt, *srcs)
+    if op is BinaryOps.MAX and dt.scalar() in (dtypes.float32, dtypes.float64):
+      # per lane a > b ? a : b, as the scalar spelling (a NaN compares false and picks b)
+      return f"select({srcs[1]}, {srcs[0]}, isgreater({srcs[0]}, {srcs[1]}))"
     if op in (BinaryOps.CMPLT, BinaryOps.CMPNE):
       raise UnsupportedError(f"{self.dialect_name} has no bool vectors ({op.name} on {dt})")
     lanes = [self.render_alu(op, dt.scalar(), [f"({s}).s{i:x}" for s in srcs]) for i in range(dt.count)]

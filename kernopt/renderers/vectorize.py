@@ -5,12 +5,18 @@ scalar op it replaces (same operands, same order). A lane read by an unpacked op
 lanes also stay as scalar loads).
 Works on a linearized UOp list and returns one. Imports dtype, ops and uops."""
 from __future__ import annotations
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Optional
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.ops import BinaryOps, TernaryOps
 from kernopt.uops import UOp, UOps
 
+# enum members as module constants (attribute lookups on the enum classes cost ~0.1 us each in hot loops)
+_ALU, _BITCAST, _CAST, _CONST, _DEFINE_ACC, _DEFINE_GLOBAL = UOps.ALU, UOps.BITCAST, UOps.CAST, UOps.CONST, UOps.DEFINE_ACC, UOps.DEFINE_GLOBAL
+_ENDIF, _ENDRANGE, _GEP, _IF, _LOAD, _PHI = UOps.ENDIF, UOps.ENDRANGE, UOps.GEP, UOps.IF, UOps.LOAD, UOps.PHI
+_RANGE, _STORE, _VECTORIZE = UOps.RANGE, UOps.STORE, UOps.VECTORIZE
+_ADD, _WHERE = BinaryOps.ADD, TernaryOps.WHERE
 VECTOR_ALU = frozenset((BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX))
 VECTOR_DTYPES = frozenset((dtypes.float32,))
 
@@ -25,38 +31,46 @@ class _Group:
 def _base_offset(idx: UOp) -> tuple[Optional[UOp], int]:
   """idx as (base, constant offset); base None for a constant index. A gated load's index guarded as
   WHERE(valid, idx, 0) is looked through (such loads are only gathered, never read as a vector)."""
-  if idx.op is UOps.ALU and idx.arg is TernaryOps.WHERE: idx = idx.src[1]
-  if idx.op is UOps.CONST: return None, idx.arg
-  if idx.op is UOps.ALU and idx.arg is BinaryOps.ADD and idx.src[1].op is UOps.CONST and \
+  if idx.op is _ALU and idx.arg is _WHERE: idx = idx.src[1]
+  if idx.op is _CONST: return None, idx.arg
+  if idx.op is _ALU and idx.arg is _ADD and idx.src[1].op is _CONST and \
      isinstance(idx.src[1].arg, int): return idx.src[0], idx.src[1].arg
   return idx, 0
 
 _VECTOR_NAMES = frozenset(d.name for d in VECTOR_DTYPES)
+_F32 = dtypes.float32
 def _vector_dtype(dt: Any) -> bool:
-  return dt is not None and dt.count == 1 and dt.name in _VECTOR_NAMES and not isinstance(dt, ImageDType)
+  return dt is _F32 or dt is not None and dt.count == 1 and dt.name in _VECTOR_NAMES and not isinstance(dt, ImageDType)
 
 def _plain_global(buf: UOp) -> bool:
-  return buf.op is UOps.DEFINE_GLOBAL and not isinstance(buf.dtype, ImageDType)
+  return buf.op is _DEFINE_GLOBAL and not isinstance(buf.dtype, ImageDType)
 
 class _Packer:
   def __init__(self, uops: list[UOp], width: int):
     self.uops, self.width = uops, width
     self.pos: dict[UOp, int] = {}
     self.scope: dict[UOp, tuple[UOp, ...]] = {}
-    self.users: dict[UOp, list[UOp]] = {}
+    self.users: defaultdict[UOp, list[UOp]] = defaultdict(list)
     self.todo: list[UOp] = []
+    self.loads: list[UOp] = []    # float32 loads of plain global buffers
+    self.stores: list[UOp] = []   # ungated stores to plain global buffers
+    pos, scopes, users, todo, loads, stores = self.pos, self.scope, self.users, self.todo, self.loads, self.stores
     scope: tuple[UOp, ...] = ()
-    alu, phi, store = UOps.ALU, UOps.PHI, UOps.STORE
     for i, u in enumerate(uops):
       op = u.op
-      if op is UOps.ENDRANGE or op is UOps.ENDIF: scope = scope[:-1]
-      self.pos[u], self.scope[u] = i, scope
-      if op is UOps.RANGE or op is UOps.IF: scope = scope + (u,)
-      for s in u.src:
-        if (lst := self.users.get(s)) is None: self.users[s] = [u]
-        else: lst.append(u)
-      if (op is alu and u.arg in VECTOR_ALU and _vector_dtype(u.dtype)) or op is phi or \
-         (op is store and len(u.src) == 3 and _plain_global(u.src[0])): self.todo.append(u)
+      if op is _ENDRANGE or op is _ENDIF: scope = scope[:-1]
+      pos[u] = i
+      scopes[u] = scope
+      if op is _RANGE or op is _IF: scope = scope + (u,)
+      for s in u.src: users[s].append(u)
+      if op is _ALU:
+        if u.arg in VECTOR_ALU and _vector_dtype(u.dtype): todo.append(u)
+      elif op is _LOAD:
+        if (len(u.src) == 2 or len(u.src) == 4) and _vector_dtype(u.dtype) and _plain_global(u.src[0]): loads.append(u)
+      elif op is _PHI: todo.append(u)
+      elif op is _STORE and len(u.src) == 3 and _plain_global(u.src[0]):
+        todo.append(u)
+        stores.append(u)
     self.groups: list[_Group] = []
     self.of: dict[UOp, tuple[int, int]] = {}
 
@@ -83,13 +97,11 @@ class _Packer:
   def find_loads(self) -> None:
     """Contiguous ungated loads become one vector load; contiguous gated ones (padding) a gather of the scalars."""
     by_key: dict[Any, dict[int, UOp]] = {}
-    for u in self.uops:
-      if u.op is UOps.LOAD and len(u.src) in (2, 4) and _vector_dtype(u.dtype) and _plain_global(u.src[0]):
-        base, off = _base_offset(u.src[1])
-        by_key.setdefault((u.src[0], base, self.scope[u]), {})[off] = u
+    for u in self.loads:
+      base, off = _base_offset(u.src[1])
+      by_key.setdefault((u.src[0], base, self.scope[u]), {})[off] = u
     for members in self.contiguous(by_key):
-      plain = all(len(m.src) == 2 and not (m.src[1].op is UOps.ALU and m.src[1].arg is TernaryOps.WHERE)
-                  for m in members)
+      plain = all(len(m.src) == 2 and not (m.src[1].op is _ALU and m.src[1].arg is _WHERE) for m in members)
       self.add("load" if plain else "gather", members)
 
   def alu_key(self, u: UOp) -> Optional[tuple[Any, int]]:
@@ -101,7 +113,7 @@ class _Packer:
         if lane is not None and ln != lane: return None
         lane = ln
         parts.append(("v", gid))
-      elif s.op is UOps.DEFINE_ACC: parts.append(("a",))
+      elif s.op is _DEFINE_ACC: parts.append(("a",))
       else: parts.append(("s", s))
     if lane is None or sum(p[0] == "a" for p in parts) > 1: return None
     return ("alu", u.arg, self.scope[u], tuple(parts)), lane
@@ -120,11 +132,11 @@ class _Packer:
     for u in self.todo:
       if not any(s in of for s in u.src): continue
       found: Optional[tuple[Any, int]] = None
-      if u.op is UOps.ALU: found = self.alu_key(u)
-      elif u.op is UOps.PHI and u.src[0] in self.of and u.src[1] in self.of:
+      if u.op is _ALU: found = self.alu_key(u)
+      elif u.op is _PHI and u.src[0] in self.of and u.src[1] in self.of:
         (ga, la), (gv, lv) = self.of[u.src[0]], self.of[u.src[1]]
         if la == lv: found = ("phi", ga, gv), la
-      elif u.op is UOps.STORE: found = self.store_key(u)
+      elif u.op is _STORE: found = self.store_key(u)
       if found is not None: cands.setdefault(found[0], {}).setdefault(found[1], []).append(u)
     added = False
     for key, lanes in cands.items():
@@ -146,9 +158,8 @@ class _Packer:
     """W contiguous stores of unpacked values: pack the values' expression trees lane by lane (for tiles whose loads
     overlap, e.g. a conv's window, so the top-down pass finds no anchor)."""
     by_key: dict[Any, dict[int, UOp]] = {}
-    for u in self.uops:
-      if u.op is UOps.STORE and len(u.src) == 3 and _plain_global(u.src[0]) and _vector_dtype(u.src[2].dtype) \
-         and u not in self.of and u.src[2] not in self.of:
+    for u in self.stores:
+      if _vector_dtype(u.src[2].dtype) and u not in self.of and u.src[2] not in self.of:
         base, off = _base_offset(u.src[1])
         by_key.setdefault((u.src[0], base, self.scope[u]), {})[off] = u
     added = False
@@ -171,13 +182,13 @@ class _Packer:
       if all(self.of[ln] == (gid, i) for i, ln in enumerate(lanes)): return ("v", gid)
     if depth > 24 or any(ln in self.of for ln in lanes) or len(set(lanes)) != len(lanes) or \
        any(self.scope.get(ln) != self.scope.get(l0) for ln in lanes): return ("g", lanes)
-    if all(ln.op is UOps.PHI for ln in lanes): return self.tree_phi(lanes, depth)
-    if all(ln.op is UOps.ALU and ln.arg is l0.arg and len(ln.src) == len(l0.src) for ln in lanes) and \
+    if all(ln.op is _PHI for ln in lanes): return self.tree_phi(lanes, depth)
+    if all(ln.op is _ALU and ln.arg is l0.arg and len(ln.src) == len(l0.src) for ln in lanes) and \
        l0.arg in VECTOR_ALU:
       parts = [self.tree(tuple(ln.src[i] for ln in lanes), depth + 1) for i in range(len(l0.src))]
       if any(p is None for p in parts): return ("g", lanes)
       return ("v", self.add("alu", lanes, tuple(parts), {p[1] for p in parts if p[0] == "v"}))
-    if all(ln.op is UOps.LOAD and len(ln.src) == 2 and ln.src[0] is l0.src[0] for ln in lanes) and \
+    if all(ln.op is _LOAD and len(ln.src) == 2 and ln.src[0] is l0.src[0] for ln in lanes) and \
        _plain_global(l0.src[0]):
       base, off = _base_offset(l0.src[1])
       if all(_base_offset(ln.src[1]) == (base, off + i) for i, ln in enumerate(lanes)):
@@ -188,8 +199,8 @@ class _Packer:
     """PHI(acc, acc op x) lanes: one vector accumulator, op and PHI, with x packed as a tree."""
     accs, upds = tuple(ln.src[0] for ln in lanes), tuple(ln.src[1] for ln in lanes)
     u0 = upds[0]
-    if not (all(u.op is UOps.ALU and u.arg is u0.arg and len(u.src) == 2 and u.src[0] is a for u, a in zip(upds, accs))
-            and u0.arg in VECTOR_ALU and all(a.op is UOps.DEFINE_ACC for a in accs) and self.acc_lanes(accs, upds) and
+    if not (all(u.op is _ALU and u.arg is u0.arg and len(u.src) == 2 and u.src[0] is a for u, a in zip(upds, accs))
+            and u0.arg in VECTOR_ALU and all(a.op is _DEFINE_ACC for a in accs) and self.acc_lanes(accs, upds) and
             not any(u in self.of for u in upds)): return None
     other = self.tree(tuple(u.src[1] for u in upds), depth + 1)
     if other is None: return None
@@ -218,7 +229,7 @@ class _Packer:
     a0 = accs[0]
     if any(a.dtype != a0.dtype or a.src != a0.src or a.arg[0] != a0.arg[0] for a in accs): return False
     for a, m in zip(accs, members):
-      if any(not (x is m or (x.op is UOps.PHI and x.src == (a, m))) for x in self.users.get(a, [])): return False
+      if any(not (x is m or (x.op is _PHI and x.src == (a, m))) for x in self.users.get(a, [])): return False
     return True
 
   # ***** checking placement *****
@@ -238,21 +249,24 @@ class _Packer:
     return self.packed(u) and self.groups[self.of[u][0]].kind not in ("gather", "load")
 
   def valid(self, gid: int) -> bool:
-    g = self.groups[gid]
-    if any(not self.groups[d].live for d in g.deps): return False
-    sc = self.scope[g.members[0]]
-    if any(self.scope[m] != sc for m in g.members): return False
-    if g.kind in ("gather", "load"): return True
+    g, groups, scope, of = self.groups[gid], self.groups, self.scope, self.of
+    for d in g.deps:
+      if not groups[d].live: return False
+    sc = scope[g.members[0]]
+    for m in g.members:
+      if scope[m] is not sc and scope[m] != sc: return False
+    if g.kind == "gather" or g.kind == "load": return True
     at, vis = self.place(g), self.visible_scope(gid)
     # a scalar operand (broadcast or gathered) that is a packed lane is read back from a vector placed before
     for p in g.parts:
       for x in ((p[1],) if p[0] == "s" else p[1] if p[0] == "g" else ()):
-        if self.replaced(x) and self.place(self.groups[self.of[x][0]]) >= at: return False
+        if self.replaced(x) and self.place(groups[of[x][0]]) >= at: return False
+    pos, users, nvis, acc = self.pos, self.users, len(vis), g.kind == "acc"
     for m in g.members:
-      scalar = [x for x in self.users.get(m, []) if not self.packed(x)]
-      if g.kind == "acc" and scalar: return False
-      for x in scalar:
-        if self.pos[x] <= at or self.scope[x][:len(vis)] != vis: return False
+      for x in users.get(m, ()):
+        if (o := of.get(x)) is not None and groups[o[0]].live: continue
+        # x reads lane m as a scalar: only after the vector, where its scope is visible (never an accumulator's)
+        if acc or pos[x] <= at or scope[x][:nvis] != vis: return False
     return True
 
   def prune(self) -> None:
@@ -285,16 +299,19 @@ class _Packer:
     def scalar(s: UOp) -> UOp:
       if (gl := rep.get(s)) is None: return new.get(s, s)
       if (g := geps.get(gl)) is None:
-        g = geps[gl] = UOp(UOps.GEP, s.dtype, (vec[gl[0]],), gl[1])
+        g = geps[gl] = UOp(_GEP, s.dtype, (vec[gl[0]],), gl[1])
         out.append(g)
       return g
 
     for i, u in enumerate(self.uops):
       if u not in rep:
-        src = tuple([scalar(s) for s in u.src])
-        nu = u if src == u.src else UOp(u.op, u.dtype, src, u.arg)
-        new[u] = nu
-        out.append(nu)
+        for s in u.src:
+          if s in rep or s in new:
+            nu = UOp(u.op, u.dtype, tuple([scalar(x) for x in u.src]), u.arg)
+            new[u] = nu
+            out.append(nu)
+            break
+        else: out.append(u)
       if (gid := at.get(i)) is not None: self.emit_group(gid, vec, scalar, out, emitted)
     return out
 
@@ -304,31 +321,31 @@ class _Packer:
     m0 = g.members[0]
     dt: DType = (m0.src[2].dtype if g.kind == "store" else m0.dtype)  # type: ignore[assignment]
     vdt = dt.vec(w)
-    if g.kind == "load": v = UOp(UOps.LOAD, vdt, (scalar(m0.src[0]), scalar(m0.src[1])))
-    elif g.kind == "gather": v = UOp(UOps.VECTORIZE, vdt, tuple(scalar(m) for m in g.members))
-    elif g.kind == "acc": v = UOp(UOps.DEFINE_ACC, vdt, tuple(scalar(s) for s in m0.src), m0.arg)
-    elif g.kind == "phi": v = UOp(UOps.PHI, vdt, (vec[self.of[m0.src[0]][0]], vec[self.of[m0.src[1]][0]]))
+    if g.kind == "load": v = UOp(_LOAD, vdt, (scalar(m0.src[0]), scalar(m0.src[1])))
+    elif g.kind == "gather": v = UOp(_VECTORIZE, vdt, tuple(scalar(m) for m in g.members))
+    elif g.kind == "acc": v = UOp(_DEFINE_ACC, vdt, tuple(scalar(s) for s in m0.src), m0.arg)
+    elif g.kind == "phi": v = UOp(_PHI, vdt, (vec[self.of[m0.src[0]][0]], vec[self.of[m0.src[1]][0]]))
     elif g.kind == "store":
-      v = UOp(UOps.STORE, None, (scalar(m0.src[0]), scalar(m0.src[1]), vec[self.of[m0.src[2]][0]]))
+      v = UOp(_STORE, None, (scalar(m0.src[0]), scalar(m0.src[1]), vec[self.of[m0.src[2]][0]]))
     else:
       srcs = []
       for p in g.parts:
         if p[0] == "v" or p[0] == "a":
           srcs.append(vec[p[1]])
           continue
-        if p[0] == "g": b = UOp(UOps.VECTORIZE, vdt, tuple([scalar(x) for x in p[1]]))
-        elif p[1].op is UOps.CONST: b = UOp(UOps.CONST, vdt, (), p[1].arg)
-        else: b = UOp(UOps.VECTORIZE, vdt, (scalar(p[1]),) * w)
+        if p[0] == "g": b = UOp(_VECTORIZE, vdt, tuple([scalar(x) for x in p[1]]))
+        elif p[1].op is _CONST: b = UOp(_CONST, vdt, (), p[1].arg)
+        else: b = UOp(_VECTORIZE, vdt, (scalar(p[1]),) * w)
         # interned: a broadcast or gather already emitted in this scope is reused
         if emitted.get(b) != self.scope[m0]:
           emitted[b] = self.scope[m0]
           out.append(b)
         srcs.append(b)
-      v = UOp(UOps.ALU, vdt, tuple(srcs), m0.arg)
+      v = UOp(_ALU, vdt, tuple(srcs), m0.arg)
     vec[gid] = v
     out.append(v)
 
-_PURE = frozenset((UOps.LOAD, UOps.ALU, UOps.CONST, UOps.GEP, UOps.VECTORIZE, UOps.CAST, UOps.BITCAST))
+_PURE = frozenset((_LOAD, _ALU, _CONST, _GEP, _VECTORIZE, _CAST, _BITCAST))
 
 def drop_dead(uops: list[UOp]) -> list[UOp]:
   """uops without the pure values (loads, ALU, casts, vector lane ops) that nothing kept reads: the scalar lanes and

@@ -36,6 +36,13 @@ def select_device(choice: Union[int, str, None] = None) -> Any:
   gpus = [d for d in devs if d.type & cl.device_type.GPU]
   return (gpus or devs)[0]
 
+def cpu_vector_width(d: Any, cl: Any) -> int:
+  """The float lanes the CPU profile packs for device d: its native float vector width (a power of two from 4 to
+  16; PoCL on AVX2 says 8), or 1 (no CPU profile) for a device that is not a CPU."""
+  if not d.type & cl.device_type.CPU: return 1
+  w = d.native_vector_width_float or d.preferred_vector_width_float
+  return w if w in (4, 8, 16) else 4
+
 class OpenCLDevice(Compiled):
   """Device "OPENCL". `OpenCLDevice(device=1)` or `device="pthread"` picks a device (see select_device)."""
   name = "OPENCL"
@@ -56,10 +63,13 @@ class OpenCLDevice(Compiled):
     return True, ", ".join(f"{d.platform.name}: {d.name}" for d in devs)
 
   def _make_renderer(self) -> OpenCLRenderer:
+    """The device's limits and features; a CPU device (PoCL's pthread) also gets the CPU profile: lanes packed
+    into vectors of its native float width and heuristics_opencl's Opts."""
+    import pyopencl as cl
     d = self.cl_device
     return OpenCLRenderer(local_max=tuple(d.max_work_item_sizes), max_local_size=d.max_work_group_size,
                           shared_max=d.local_mem_size, has_fp16="cl_khr_fp16" in d.extensions.split(),
-                          supports_images=bool(d.image_support))
+                          supports_images=bool(d.image_support), vector_width=cpu_vector_width(d, cl))
 
   def compiler_id(self) -> str:
     d = self.cl_device

@@ -1,0 +1,117 @@
+"""Hand-coded optimizations for the CPU profile of the OpenCL renderer (a PoCL pthread device), used by
+`Kernel.hand_coded_optimizations` when the renderer's `heuristics` is "opencl_cpu": register tiles whose contiguous
+lanes the renderer packs into floatN ops, and work-groups big enough that PoCL's per-group cost is amortized. Only
+existing OptOps are used, so every choice is checked like any other; a kernel no rule fits gets the spec's
+heuristics. Imports dtype, errors and opt; the Kernel is passed in."""
+from __future__ import annotations
+from typing import TYPE_CHECKING, Optional
+from kernopt.dtype import ImageDType, dtypes
+from kernopt.errors import KernelOptError
+from kernopt.opt import Opt, OptOps
+
+if TYPE_CHECKING: from kernopt.kernel import Kernel
+
+ELEMENTWISE_GROUP = 64   # work-items per work-group of an elementwise kernel (each one vector of lanes)
+TILE_GROUP = 4           # work-items per work-group of a register-tiled reduce (each one a whole tile)
+
+def _int(x: object) -> bool: return type(x) is int
+
+def _strides(k: Kernel, i: int) -> tuple:
+  return k.sts[i].real_strides(ignore_valid=True)
+
+def _outputs(k: Kernel) -> list[int]:
+  stored = {x.arg for x in k.ast.src}
+  return [i for i, b in enumerate(k.bufs) if b in stored]
+
+def _inputs(k: Kernel) -> list[int]:
+  outs = _outputs(k)
+  return [i for i in range(len(k.bufs)) if i not in outs]
+
+def _try(k: Kernel, op: OptOps, axis: int, amt: int) -> bool:
+  try:
+    k.apply_opt(Opt(op, axis, amt))
+    return True
+  except KernelOptError: return False
+
+def vector_axis(k: Kernel, width: int) -> Optional[int]:
+  """The last output axis that width divides, unit-stride in every output and unit-stride or broadcast in every
+  input (some input streaming it): its lanes are contiguous loads and stores."""
+  outs, ins = _outputs(k), _inputs(k)
+  for axis in reversed(range(k.first_reduce)):
+    size = k.full_shape[axis]
+    if not _int(size) or size % width: continue
+    if all(_strides(k, i)[axis] == 1 for i in outs) and all(_strides(k, i)[axis] in (0, 1) for i in ins) and \
+       any(_strides(k, i)[axis] == 1 for i in ins):
+      return axis
+  return None
+
+def row_axis(k: Kernel, vaxis: int) -> Optional[int]:
+  """An output axis along which every input streaming the vector axis is broadcast, so that upcasting it reuses
+  their vectors for several rows of accumulators (divisible by 8, then by 4, preferred)."""
+  streamed = [i for i in _inputs(k) if _strides(k, i)[vaxis] == 1]
+  best: Optional[tuple[int, int]] = None
+  for axis in range(k.first_reduce):
+    size = k.full_shape[axis]
+    if axis == vaxis or not _int(size) or size < 2: continue
+    if streamed and all(_strides(k, i)[axis] == 0 for i in streamed):
+      key = (size % 8 == 0) * 2 + (size % 4 == 0)
+      if best is None or key > best[0]: best = (key, axis)
+  return best[1] if best is not None else None
+
+def hand_coded_opencl(k: Kernel) -> bool:
+  """Apply the OpenCL CPU heuristics to k; False (k untouched) when none fits, so the spec's heuristics run."""
+  if k.upcasted or k.local_dims or k.group_for_reduces or not k.bufs: return False
+  if any(isinstance(b.dtype, ImageDType) or b.dtype != dtypes.float32 for b in k.bufs): return False
+  width = getattr(k.opts, "vector_width", 1)
+  if width < 2: return False
+  vaxis = vector_axis(k, width)
+  if k.reduceop is None:
+    if vaxis is None or not _try(k, OptOps.UPCAST, vaxis, width): return False
+    _group(k, ELEMENTWISE_GROUP)
+    return True
+  if vaxis is not None: ok = _reduce_tile(k, vaxis, width)
+  else: ok = _contiguous_reduce(k, width)
+  if ok: _group(k, TILE_GROUP)
+  return ok
+
+def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
+  """rows x (one or two vectors) accumulators, 8 vector registers in all; reduce axes of at most 3 (a conv's
+  window) unrolled."""
+  rows = row_axis(k, vaxis)
+  two = 2 * width <= k.opts.max_upcast and k.full_shape[vaxis] % (2 * width) == 0
+  cols = 2 * width if rows is not None and two else width
+  if not _try(k, OptOps.UPCAST, vaxis, cols): return False
+  if rows is not None:
+    want = 8 * width // cols
+    for amt in (want, 4, 2):
+      if amt <= want and k.full_shape[rows] % amt == 0 and _try(k, OptOps.UPCAST, rows, amt): break
+  for _ in range(2):
+    end = k.shape_len - k.upcasted
+    if k.first_reduce >= end: break
+    s = k.full_shape[end - 1]
+    if not (_int(s) and s <= 3 and _try(k, OptOps.UNROLL, end - 1 - k.first_reduce, 0)): break
+  return True
+
+def _contiguous_reduce(k: Kernel, width: int) -> bool:
+  """A reduce whose last axis is unit-stride in an input (a row sum): unroll it by one vector and upcast an output
+  axis by 4 for independent accumulators."""
+  end = k.shape_len - k.upcasted
+  if k.first_reduce >= end: return False
+  axis = end - 1
+  if not any(_strides(k, i)[axis] == 1 for i in _inputs(k)): return False
+  size = k.full_shape[axis]
+  if not (_int(size) and size % width == 0 and _try(k, OptOps.UNROLL, axis - k.first_reduce, width)): return False
+  for out_axis in reversed(range(k.first_reduce)):
+    if _int(k.full_shape[out_axis]) and k.full_shape[out_axis] % 4 == 0 and _try(k, OptOps.UPCAST, out_axis, 4): break
+  return True
+
+def _group(k: Kernel, threads: int) -> None:
+  """Make up to `threads` work-items of the last global axis one work-group (PoCL runs a group's items as a loop
+  on one core), keeping at least 2 groups per axis so every core gets work."""
+  if not k.opts.has_local: return
+  for axis in reversed(range(k.first_reduce)):
+    size = k.full_shape[axis]
+    if not _int(size) or size < 4: continue
+    for amt in (threads, 32, 16, 8, 4, 2):
+      if amt <= threads and size % amt == 0 and size // amt >= 2 and _try(k, OptOps.LOCAL, axis, amt): return
+    return
