@@ -11,8 +11,8 @@ from kernopt.opt import Opt, OptOps
 
 if TYPE_CHECKING: from kernopt.kernel import Kernel
 
-ELEMENTWISE_GROUP = 64   # work-items per work-group of an elementwise kernel (each one vector of lanes)
-TILE_GROUP = 4           # work-items per work-group of a register-tiled reduce (each one a whole tile)
+ELEMENTWISE_LANES = 4    # scalar lanes per work-item of an elementwise kernel: PoCL vectorizes across work-items
+ELEMENTWISE_GROUP = 64   # work-items per work-group of an elementwise kernel
 
 def _int(x: object) -> bool: return type(x) is int
 
@@ -64,19 +64,25 @@ def hand_coded_opencl(k: Kernel) -> bool:
   if any(isinstance(b.dtype, ImageDType) or b.dtype != dtypes.float32 for b in k.bufs): return False
   width = getattr(k.opts, "vector_width", 1)
   if width < 2: return False
+  if k.reduceop is None: return _elementwise(k, width)
   vaxis = vector_axis(k, width)
-  if k.reduceop is None:
-    if vaxis is None or not _try(k, OptOps.UPCAST, vaxis, width): return False
-    _group(k, ELEMENTWISE_GROUP)
-    return True
-  if vaxis is not None: ok = _reduce_tile(k, vaxis, width)
-  else: ok = _contiguous_reduce(k, width)
-  if ok: _group(k, TILE_GROUP)
-  return ok
+  return _reduce_tile(k, vaxis, width) if vaxis is not None else _contiguous_reduce(k, width)
+
+def _elementwise(k: Kernel, width: int) -> bool:
+  """A few scalar lanes per work-item (fewer than the packed width, so they stay scalar and PoCL's work-item loop
+  vectorizer sees contiguous accesses across work-items) and work-groups of ELEMENTWISE_GROUP items."""
+  lanes = ELEMENTWISE_LANES if ELEMENTWISE_LANES < width else 1
+  axis = vector_axis(k, lanes) if lanes > 1 else None
+  if axis is None:
+    axis = next((a for a in reversed(range(k.first_reduce)) if all(_strides(k, i)[a] == 1 for i in _outputs(k))), None)
+    if axis is None: return False
+  elif not _try(k, OptOps.UPCAST, axis, lanes): return False
+  _group(k, ELEMENTWISE_GROUP if lanes > 1 else ELEMENTWISE_GROUP * 4)
+  return True
 
 def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
-  """rows x (one or two vectors) accumulators, 8 vector registers in all; reduce axes of at most 3 (a conv's
-  window) unrolled."""
+  """rows x (one or two vectors) accumulators, 8 vector registers in all; then the last reduce axis unrolled
+  (entirely when it is at most 3, a conv's window column; else by 4)."""
   rows = row_axis(k, vaxis)
   two = 2 * width <= k.opts.max_upcast and k.full_shape[vaxis] % (2 * width) == 0
   cols = 2 * width if rows is not None and two else width
@@ -85,33 +91,34 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
     want = 8 * width // cols
     for amt in (want, 4, 2):
       if amt <= want and k.full_shape[rows] % amt == 0 and _try(k, OptOps.UPCAST, rows, amt): break
-  for _ in range(2):
-    end = k.shape_len - k.upcasted
-    if k.first_reduce >= end: break
-    s = k.full_shape[end - 1]
-    if not (_int(s) and s <= 3 and _try(k, OptOps.UNROLL, end - 1 - k.first_reduce, 0)): break
+  end = k.shape_len - k.upcasted
+  if k.first_reduce < end and _int(s := k.full_shape[end - 1]):
+    if s <= 3: _try(k, OptOps.UNROLL, end - 1 - k.first_reduce, 0)
+    elif s % 4 == 0: _try(k, OptOps.UNROLL, end - 1 - k.first_reduce, 4)
   return True
 
 def _contiguous_reduce(k: Kernel, width: int) -> bool:
-  """A reduce whose last axis is unit-stride in an input (a row sum): unroll it by one vector and upcast an output
-  axis by 4 for independent accumulators."""
+  """A reduce whose last axis is unit-stride in an input (a row sum): unrolled by two vectors (vector
+  accumulators) and an output axis upcast by 8, 4 or 2 (that many rows streamed at once)."""
   end = k.shape_len - k.upcasted
   if k.first_reduce >= end: return False
   axis = end - 1
   if not any(_strides(k, i)[axis] == 1 for i in _inputs(k)): return False
   size = k.full_shape[axis]
-  if not (_int(size) and size % width == 0 and _try(k, OptOps.UNROLL, axis - k.first_reduce, width)): return False
+  if not _int(size) or not any(size % amt == 0 and _try(k, OptOps.UNROLL, axis - k.first_reduce, amt)
+                               for amt in (2 * width, width) if amt <= k.opts.max_unroll): return False
   for out_axis in reversed(range(k.first_reduce)):
-    if _int(k.full_shape[out_axis]) and k.full_shape[out_axis] % 4 == 0 and _try(k, OptOps.UPCAST, out_axis, 4): break
+    if _int(n := k.full_shape[out_axis]) and n >= 2:
+      if any(n % amt == 0 and _try(k, OptOps.UPCAST, out_axis, amt) for amt in (8, 4, 2)): break
   return True
 
 def _group(k: Kernel, threads: int) -> None:
   """Make up to `threads` work-items of the last global axis one work-group (PoCL runs a group's items as a loop
-  on one core), keeping at least 2 groups per axis so every core gets work."""
+  on one core), keeping at least 2 groups on that axis so every core gets work."""
   if not k.opts.has_local: return
   for axis in reversed(range(k.first_reduce)):
     size = k.full_shape[axis]
     if not _int(size) or size < 4: continue
-    for amt in (threads, 32, 16, 8, 4, 2):
+    for amt in (threads, 128, 64, 32, 16, 8, 4, 2):
       if amt <= threads and size % amt == 0 and size // amt >= 2 and _try(k, OptOps.LOCAL, axis, amt): return
     return

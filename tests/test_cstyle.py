@@ -315,3 +315,27 @@ def test_dialect_table_fallback():
   assert Plain().render_alu(BinaryOps.CMPLT, dtypes.int32, ["a", "b"]) == "(a<b)"
   with pytest.raises(UnsupportedError, match="XOR"): Plain().render_alu(BinaryOps.XOR, dtypes.int32, ["a", "b"])
   assert CRenderer().capabilities()["has_local"] is False and CRenderer().global_max is None
+
+# ***** every C compiler on the machine takes the C dialect's half kernels *****
+
+def _c_compilers() -> list[str]:
+  import shutil
+  names = ["gcc", "clang"] + [f"clang-{v}" for v in range(14, 21)]
+  return [p for p in dict.fromkeys(shutil.which(n) for n in names) if p is not None]
+
+@pytest.mark.parametrize("cc", _c_compilers())
+def test_half_kernels_compile_with_every_c_compiler(cc, tmp_path):
+  """half is _Float16 where the compiler has it and clang's storage-only __fp16 elsewhere (clang 14 on x86 has no
+  _Float16): the catalogue's half kernels must compile with each C compiler found, not only the default one."""
+  import subprocess
+  from catalogue import get
+  from kernopt.kernel import Kernel
+  srcs = []
+  for name in ("matmul_half", "casts"):
+    k = Kernel(get(name).ast, opts=CRenderer()).required_optimizations().hand_coded_optimizations()
+    srcs.append(k.to_program().src)
+  for i, src in enumerate(srcs):
+    path = tmp_path / f"k{i}.c"
+    path.write_text(src)
+    out = subprocess.run([cc, "-O1", "-c", str(path), "-o", str(tmp_path / f"k{i}.o")], capture_output=True, text=True)
+    assert out.returncode == 0, f"{cc} rejected the half kernel:\n{out.stderr[-2000:]}"

@@ -176,6 +176,24 @@ def test_vector_max_keeps_nan_semantics():
   static.compile(protocol(case.ast, static.renderer).to_program())(out2, Buffer("CPU", x.size, dtypes.float).copyin(x))
   assert out.numpy().tobytes() == out2.numpy().tobytes()
 
+def test_vector_loads_pinned_to_registers():
+  """On x86/ARM hosts a vector load goes through an empty asm, so GCC reads B once per step instead of folding the
+  load into each of the tile's multiplies; `pin_loads=None` renders the plain memcpy load (static: no vectors)."""
+  r = NativeCRenderer(vector_width=8, threads=1)
+  r.pin_loads = "x"
+  k = protocol(get("matmul_1024", "large").ast, r)
+  src = k.to_program().src
+  assert '__asm__("" : "+x"(v))' in src and "ko_vload_reg_float8(data2+" in src
+  assert r.capabilities()["pin_loads"] == "x"
+  r.pin_loads = None
+  src = Kernel(k.ast, opts=r).required_optimizations().hand_coded_optimizations().to_program().src
+  assert "__asm__" not in src and "ko_vload_float8(data2+" in src
+
+@needs_cc
+def test_native_flags_unroll_static_keeps_spec_flags():
+  assert "-funroll-loops" in Device.open("CPU", threads=2).flags()
+  assert "-funroll-loops" not in Device.open("CPU", profile="static").flags()
+
 # ***** the whole small catalogue on the native multi-core device *****
 
 CASES = [c.name for c in catalogue.catalogue("small")]

@@ -415,6 +415,28 @@ class _Emitter:
 
 # ***** the C dialect *****
 
+# half in memory: _Float16 where the compiler has it (gcc >= 12, clang >= 15 on x86), else clang's __fp16, which
+# every clang target has as a storage-only type. Arithmetic happens in float either way. ko_to_half rounds a float or
+# a double to half once, to nearest even: __fp16 converts doubles wrongly in clang 14, so there a double is first
+# narrowed to float rounding to odd, which keeps the one float->half rounding exact (float has 13 more bits than half)
+_HALF_TYPEDEF = """#if defined(__FLT16_MAX__)
+typedef _Float16 ko_half;
+#define ko_to_half(x) ((ko_half)(x))
+#else
+typedef __fp16 ko_half;
+static inline float ko_float_id(float x) { return x; }
+static inline float ko_d2f_odd(double d) {
+  float f = (float)d;
+  if ((double)f != d && d == d) {
+    uint32_t u; memcpy(&u, &f, 4);
+    if (fabs((double)f) > fabs(d)) u -= 1;
+    u |= 1u; memcpy(&f, &u, 4);
+  }
+  return f;
+}
+#define ko_to_half(x) ((ko_half)_Generic((x), double: ko_d2f_odd, default: ko_float_id)(x))
+#endif"""
+
 _BF16_HELPERS = {
   "ko_bf16_to_f": "static inline float ko_bf16_to_f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; "
                   "memcpy(&f, &u, 4); return f; }",
@@ -424,7 +446,7 @@ _BF16_HELPERS = {
 
 class CRenderer(CStyleLanguage):
   """C11 with GCC/clang extensions, for the CPU device: one function whose loops cover the whole launch.
-  half is `_Float16` in memory and bfloat16 a uint16_t bit pattern; both are computed in float, each ALU result
+  half is `_Float16` (or clang's `__fp16`) in memory and bfloat16 a uint16_t bit pattern; both are computed in float, each ALU result
   rounded back to nearest even (so results match ops.exec_alu bit for bit). Integer ops have no undefined
   behaviour. Vector types use GCC vector extensions and unaligned memcpy access."""
   device = "CPU"
@@ -440,7 +462,7 @@ class CRenderer(CStyleLanguage):
   type_map = {
     dtypes.bool: "bool", dtypes.int8: "int8_t", dtypes.uint8: "uint8_t", dtypes.int16: "int16_t",
     dtypes.uint16: "uint16_t", dtypes.int32: "int32_t", dtypes.uint32: "uint32_t", dtypes.int64: "int64_t",
-    dtypes.uint64: "uint64_t", dtypes.half: "_Float16", dtypes.bfloat16: "uint16_t", dtypes.float32: "float",
+    dtypes.uint64: "uint64_t", dtypes.half: "ko_half", dtypes.bfloat16: "uint16_t", dtypes.float32: "float",
     dtypes.float64: "double"}
 
   def render_dtype(self, dt: DType) -> str:
@@ -453,6 +475,7 @@ class CRenderer(CStyleLanguage):
 
   def _render_dtype(self, dt: DType) -> tuple[str, Optional[str]]:
     """dt's C spelling and the typedef it needs (None for none)."""
+    if dt == dtypes.half: return "ko_half", _HALF_TYPEDEF
     if dt.count > 1 and not isinstance(dt, ImageDType):
       scalar = dt.scalar()
       if scalar in self.storage_floats or scalar == dtypes.bool or dt.count & (dt.count - 1):
@@ -478,6 +501,9 @@ class CRenderer(CStyleLanguage):
     return f"{{ {self.render_dtype(dt)} v_ = {val}; memcpy({buf}+{idx}, &v_, sizeof(v_)); }}"
 
   def to_storage(self, x: str, dt: DType) -> str:
+    if dt == dtypes.half:
+      self.render_dtype(dt)  # declares ko_half and, with it, ko_to_half
+      return f"ko_to_half({x})"
     return f"{self.helper('ko_f_to_bf16', _BF16_HELPERS['ko_f_to_bf16'])}({x})" if dt == dtypes.bfloat16 else \
       super().to_storage(x, dt)
 
@@ -487,6 +513,7 @@ class CRenderer(CStyleLanguage):
 
   def round_storage(self, x: str, dt: DType) -> str:
     if dt == dtypes.bfloat16: return self.from_storage(self.to_storage(f"((float){x})", dt), dt)
+    if dt == dtypes.half: return self.from_storage(self.to_storage(x, dt), dt)
     return super().round_storage(x, dt)
 
   def render_special(self, name: str, dim: int) -> str:

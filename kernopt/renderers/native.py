@@ -11,7 +11,7 @@ from kernopt.dtype import DType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.helpers import getconfig
 from kernopt.ops import BinaryOps, exec_alu
-from kernopt.renderers.cstyle import CRenderer
+from kernopt.renderers.cstyle import CRenderer, _Emitter, _state
 from kernopt.renderers.vectorize import pack_lanes
 from kernopt.uops import UOp, UOps, flops_mem
 
@@ -62,12 +62,14 @@ class NativeCRenderer(CRenderer):
     self.interchange = True
     # vector loads pinned to a register (an empty asm), so GCC reads each once instead of folding it into every op
     self.pin_loads: Optional[str] = _VECTOR_REG.get(platform.machine().lower())
+    # contiguous gated loads (a padded conv's input) as one masked vector load instead of a gather of the lanes
+    self.masked_loads = True
     self._loop: Optional[UOp] = None
 
   def capabilities(self) -> dict[str, Any]:
     return {**super().capabilities(), "vector_width": self.vector_width, "threads": self.threads,
             "parallel": self.parallel, "min_parallel_work": self.min_parallel_work, "interchange": self.interchange,
-            "pin_loads": self.pin_loads}
+            "pin_loads": self.pin_loads, "masked_loads": self.masked_loads}
 
   def __repr__(self) -> str:
     return f"NativeCRenderer(vector_width={self.vector_width}, threads={self.threads}, parallel={self.parallel!r})"
@@ -130,12 +132,23 @@ class NativeCRenderer(CRenderer):
   def render(self, name: str, uops: list[UOp]) -> str:
     uops = list(uops)
     if self.interchange: uops = interchange_outer_loops(uops)
-    uops = pack_lanes(uops, self.vector_width)
+    uops = pack_lanes(uops, self.vector_width, masked=self.masked_loads)
     self._loop = self.parallel_loop(uops)
-    try:
-      src = super().render(name, uops)
-    finally: self._loop = None
-    return src
+    outer = getattr(_state, "helpers", None)
+    _state.helpers = {}
+    try: return _NativeEmitter(self).emit(name, uops)
+    finally: self._loop, _state.helpers = None, outer
+
+  def render_masked_load(self, buf: str, idx: str, mask: str, dt: DType) -> str:
+    """A vector of dt.count contiguous elements from buf[idx], lane l read only where bit l of mask is set (+0.0
+    elsewhere): one vector load when every lane is open (a padded conv's interior), else lane by lane."""
+    vt, st, n = self.render_dtype(dt), self.render_dtype(dt.scalar()), dt.count
+    name = f"ko_mload_{vt}"
+    pin = f' __asm__("" : "+{self.pin_loads}"(v));' if self.pin_loads else ""
+    self.helper(name, f"static inline {vt} {name}(const {st}* b, int32_t i, int32_t m) {{ {vt} v; "
+                      f"if (m == {(1 << n) - 1}) {{ memcpy(&v, b + i, sizeof(v));{pin} return v; }} "
+                      f"for (int l = 0; l < {n}; l++) v[l] = (m >> l) & 1 ? b[i + l] : 0.0f; return v; }}")
+    return f"{name}({buf}, {idx}, {mask})"
 
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
     if self._loop is None or self.parallel != "pthread": return super().render_kernel(name, params, body, preamble)
@@ -210,6 +223,15 @@ def _pthread_kernel(r: NativeCRenderer, name: str, params: list[str], body: list
           f"  struct {name}_args a = {{{', '.join(names)}}};\n"
           f"  ko_launch({name}_job, &a);\n}}\n")
   return f"{head}\n{part}{thr}{main}"
+
+class _NativeEmitter(_Emitter):
+  """The C emitter plus the packer's masked vector LOAD(buf, index, lane mask)."""
+  def load(self, u: UOp) -> None:
+    if len(u.src) != 3: return super().load(u)
+    r = self.r
+    r[u] = v = self.fresh("val")
+    self.line(f"{self.value_dtype(u.dtype)} {v} = "
+              f"{self.lang.render_masked_load(r[u.src[0]], r[u.src[1]], r[u.src[2]], u.dtype)};")  # type: ignore
 
 # ***** loop order *****
 

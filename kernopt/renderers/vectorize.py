@@ -22,7 +22,7 @@ VECTOR_DTYPES = frozenset((dtypes.float32,))
 
 @dataclass
 class _Group:
-  kind: str                       # "load" | "gather" | "alu" | "acc" | "phi" | "store"
+  kind: str                       # "load" | "mload" | "gather" | "alu" | "acc" | "phi" | "store"
   members: tuple[UOp, ...]        # lane l is members[l]
   parts: tuple[Any, ...] = ()     # alu: per operand ("v", group id) | ("s", scalar uop) | ("a", acc group id)
   deps: set[int] = field(default_factory=set)
@@ -37,6 +37,46 @@ def _base_offset(idx: UOp) -> tuple[Optional[UOp], int]:
      isinstance(idx.src[1].arg, int): return idx.src[0], idx.src[1].arg
   return idx, 0
 
+_KEEP_LANES = ("load", "mload", "gather")   # kinds whose scalar lanes stay in the list for scalar readers
+
+def _index_of(ld: UOp) -> UOp:
+  """A load's index with a gate's WHERE(valid, idx, 0) guard looked through."""
+  idx = ld.src[1]
+  return idx.src[1] if idx.op is _ALU and idx.arg is _WHERE else idx
+
+def _maskable(ld: UOp) -> bool:
+  """An ungated load, or a gated one whose index is guarded by its own gate and whose value is +0.0 when closed."""
+  if len(ld.src) == 2: return not (ld.src[1].op is _ALU and ld.src[1].arg is _WHERE)
+  alt, idx = ld.src[3], ld.src[1]
+  return alt.op is _CONST and alt.arg == 0 and str(alt.arg)[0] != "-" and idx.op is _ALU and idx.arg is _WHERE and \
+    idx.src[0] is ld.src[2]
+
+def masked_load_mask(members: tuple[UOp, ...]) -> UOp:
+  """int32 lane mask of a masked vector load: the ungated lanes' bits plus, per distinct gate, CAST(gate) * its
+  lanes' bits."""
+  fixed, per_gate = 0, {}
+  for lane, m in enumerate(members):
+    if len(m.src) == 2: fixed |= 1 << lane
+    else: per_gate[m.src[2]] = per_gate.get(m.src[2], 0) | 1 << lane
+  i32 = dtypes.int32
+  ret: Optional[UOp] = UOp(_CONST, i32, (), fixed) if fixed else None
+  for gate, bits in per_gate.items():
+    term = UOp(_ALU, i32, (UOp(_CAST, i32, (gate,)), UOp(_CONST, i32, (), bits)), BinaryOps.MUL)
+    ret = term if ret is None else UOp(_ALU, i32, (ret, term), _ADD)
+  assert ret is not None
+  return ret
+
+def _new_index_ops(x: UOp, old: dict[UOp, int], emitted: dict[UOp, tuple], scope: tuple) -> list[UOp]:
+  """The ops of mask x that are neither in the original list (`old`) nor emitted yet in this scope, sources first."""
+  ret: list[UOp] = []
+  def walk(u: UOp) -> None:
+    if u in old or emitted.get(u) == scope: return
+    for s in u.src: walk(s)
+    emitted[u] = scope
+    ret.append(u)
+  walk(x)
+  return ret
+
 _VECTOR_NAMES = frozenset(d.name for d in VECTOR_DTYPES)
 _F32 = dtypes.float32
 def _vector_dtype(dt: Any) -> bool:
@@ -46,8 +86,8 @@ def _plain_global(buf: UOp) -> bool:
   return buf.op is _DEFINE_GLOBAL and not isinstance(buf.dtype, ImageDType)
 
 class _Packer:
-  def __init__(self, uops: list[UOp], width: int):
-    self.uops, self.width = uops, width
+  def __init__(self, uops: list[UOp], width: int, masked: bool = False):
+    self.uops, self.width, self.masked = uops, width, masked
     self.pos: dict[UOp, int] = {}
     self.scope: dict[UOp, tuple[UOp, ...]] = {}
     self.users: defaultdict[UOp, list[UOp]] = defaultdict(list)
@@ -102,7 +142,8 @@ class _Packer:
       by_key.setdefault((u.src[0], base, self.scope[u]), {})[off] = u
     for members in self.contiguous(by_key):
       plain = all(len(m.src) == 2 and not (m.src[1].op is _ALU and m.src[1].arg is _WHERE) for m in members)
-      self.add("load" if plain else "gather", members)
+      self.add("load" if plain else "mload" if self.masked and all(_maskable(m) for m in members) else "gather",
+               members)
 
   def alu_key(self, u: UOp) -> Optional[tuple[Any, int]]:
     lane: Optional[int] = None
@@ -246,7 +287,7 @@ class _Packer:
   def replaced(self, u: UOp) -> bool:
     """u is packed and dropped from the list (loads and gathers keep their scalar members for scalar readers; the
     C compiler drops the unread ones)."""
-    return self.packed(u) and self.groups[self.of[u][0]].kind not in ("gather", "load")
+    return self.packed(u) and self.groups[self.of[u][0]].kind not in _KEEP_LANES
 
   def valid(self, gid: int) -> bool:
     g, groups, scope, of = self.groups[gid], self.groups, self.scope, self.of
@@ -255,7 +296,7 @@ class _Packer:
     sc = scope[g.members[0]]
     for m in g.members:
       if scope[m] is not sc and scope[m] != sc: return False
-    if g.kind == "gather" or g.kind == "load": return True
+    if g.kind in _KEEP_LANES: return True
     at, vis = self.place(g), self.visible_scope(gid)
     # a scalar operand (broadcast or gathered) that is a packed lane is read back from a vector placed before
     for p in g.parts:
@@ -288,7 +329,7 @@ class _Packer:
     # lanes dropped from the list (a load's or gather's lanes stay as scalar loads for scalar readers)
     rep: dict[UOp, tuple[int, int]] = {}
     for gid in live:
-      if groups[gid].kind not in ("gather", "load"):
+      if groups[gid].kind not in _KEEP_LANES:
         for lane, m in enumerate(groups[gid].members): rep[m] = (gid, lane)
     vec: dict[int, UOp] = {}
     new: dict[UOp, UOp] = {}
@@ -323,6 +364,11 @@ class _Packer:
     vdt = dt.vec(w)
     if g.kind == "load": v = UOp(_LOAD, vdt, (scalar(m0.src[0]), scalar(m0.src[1])))
     elif g.kind == "gather": v = UOp(_VECTORIZE, vdt, tuple(scalar(m) for m in g.members))
+    elif g.kind == "mload":
+      # LOAD(buf, lane 0's index, lane mask): bit l set where lane l's gate holds (see `masked_load_mask`)
+      mask = masked_load_mask(g.members)
+      out.extend(_new_index_ops(mask, self.pos, emitted, self.scope[m0]))
+      v = UOp(_LOAD, vdt, (scalar(m0.src[0]), scalar(_index_of(m0)), mask))
     elif g.kind == "acc": v = UOp(_DEFINE_ACC, vdt, tuple(scalar(s) for s in m0.src), m0.arg)
     elif g.kind == "phi": v = UOp(_PHI, vdt, (vec[self.of[m0.src[0]][0]], vec[self.of[m0.src[1]][0]]))
     elif g.kind == "store":
@@ -359,11 +405,12 @@ def drop_dead(uops: list[UOp]) -> list[UOp]:
       live.update(u.src)
   return [u for u, k in zip(uops, keep) if k]
 
-def pack_lanes(uops: list[UOp], width: int) -> list[UOp]:
+def pack_lanes(uops: list[UOp], width: int, masked: bool = False) -> list[UOp]:
   """uops with groups of `width` scalar lanes packed into vector ops (see the module docstring), without the dead
-  scalar lanes they leave behind."""
+  scalar lanes they leave behind. `masked`: contiguous gated loads (padding) become one masked vector LOAD
+  (buf, lane 0's index, int32 lane mask) instead of a gather; the renderer must know that form."""
   if width < 2: return uops
-  p = _Packer(uops, width)
+  p = _Packer(uops, width, masked)
   p.find_loads()
   p.seed_stores()
   while p.step(): pass

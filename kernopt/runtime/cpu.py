@@ -1,8 +1,8 @@
 """The CPU device: C source from the native profile `NativeCRenderer` (or the static `CRenderer`), compiled by the
 system C compiler (clang, else gcc) into a shared object cached on disk, loaded with ctypes. Flags: -O2
--march=native (when accepted) -fPIC -shared -std=gnu11 -ffp-contract=off -fno-math-errno, plus -fopenmp (when
-accepted) and -pthread for parallel kernels; never -ffast-math, so NaN, infinities and IEEE rounding match the op
-table. The thread count is rendered into the source, so it is part of the binary cache key."""
+-march=native (when accepted) -fPIC -shared -std=gnu11 -ffp-contract=off -fno-math-errno, plus -pthread
+-funroll-loops on the native profile (and -fopenmp when asked for and accepted); never -ffast-math, so NaN, infinities
+and IEEE rounding match the op table. The thread count is rendered into the source, so it is part of the binary cache key."""
 from __future__ import annotations
 import ctypes
 import functools
@@ -23,6 +23,9 @@ from kernopt.renderers.native import NativeCRenderer
 from kernopt.runtime import Compiled
 
 BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno")
+# native profile only: -funroll-loops unrolls the register tile's reduce loop (measured on the 4x2 matmul tile, 1 thread:
+# 1024^3 29 -> 35 GF/s, 512^3 35 -> 42 GF/s; -O3 measured no faster than -O2)
+NATIVE_FLAGS = ("-pthread", "-funroll-loops")
 # every compiler process this module started, by purpose (tests read it to prove a cache hit)
 compiler_calls: dict[str, int] = {"compile": 0, "probe": 0}
 
@@ -105,9 +108,9 @@ class CPUDevice(Compiled):
     return self._cc
 
   def flags(self) -> tuple[str, ...]:
-    threads = ("-pthread",) + (openmp_flags(self.cc) if self.renderer.parallel == "openmp" else ()) \
+    native = NATIVE_FLAGS + (openmp_flags(self.cc) if self.renderer.parallel == "openmp" else ()) \
       if self.profile == "native" else ()
-    return BASE_FLAGS + toolchain(self.cc)[1] + threads + self.extra_flags
+    return BASE_FLAGS + toolchain(self.cc)[1] + native + self.extra_flags
 
   def compiler_id(self) -> str:
     version, _, isa = toolchain(self.cc)
