@@ -1,5 +1,6 @@
 """kernopt: an embeddable kernel optimizer. `import kernopt` imports only the standard library."""
-from kernopt.errors import KernoptError, ShapeError, VerifyError, KernelOptError, UnsupportedError, CompileError, LaunchError
+from kernopt.errors import (KernoptError, ShapeError, VerifyError, KernelOptError, UnsupportedError, CompileError,
+                            LaunchError)
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.helpers import Config, getconfig, config_override
 

@@ -15,7 +15,9 @@ class DType:
   fmt: Optional[str]
   count: int = 1
 
-  def __repr__(self) -> str: return f"dtypes.{self.name}" if self.count == 1 else f"dtypes.{self._scalar_name}.vec({self.count})"
+  def __repr__(self) -> str:
+    scalar = _field_names.get(self.scalar(), self.name) if self.count > 1 else _field_names.get(self, self.name)
+    return f"dtypes.{scalar}" if self.count == 1 else f"dtypes.{scalar}.vec({self.count})"
   @property
   def _scalar_name(self) -> str: return self.name[:-len(str(self.count))] if self.count > 1 else self.name
 
@@ -40,7 +42,8 @@ class ImageDType(DType):
   def scalar(self) -> DType: return self.base
   def vec(self, n: int) -> DType: raise ValueError(f"can't vectorize image type {self}")
 
-def _dt(priority: int, itemsize: int, name: str, fmt: Optional[str]) -> DType: return DType(priority, itemsize, name, fmt, 1)
+def _dt(priority: int, itemsize: int, name: str, fmt: Optional[str]) -> DType:
+  return DType(priority, itemsize, name, fmt, 1)
 
 class dtypes:
   """The namespace of every scalar type, plus predicates, promotion and limits."""
@@ -74,7 +77,7 @@ class dtypes:
   def fields() -> dict[str, DType]: return dict(_fields)
   @staticmethod
   def from_name(name: str) -> DType:
-    """Look up a scalar type by its field name ('float32', 'half', ...) or its C-style name ('float', 'unsigned char')."""
+    """A scalar type by its field name ('float32', 'half', ...) or its C-style name ('float', 'unsigned char')."""
     if name in _fields: return _fields[name]
     if name in _by_name: return _by_name[name]
     raise ValueError(f"unknown dtype name {name!r}")
@@ -120,7 +123,11 @@ def wrap_int(x: int, dt: DType) -> int:
   if not dtypes.is_unsigned(dt) and x >= 1 << (bits - 1): x -= 1 << bits
   return x
 
-_fields: dict[str, DType] = {k: v for k, v in vars(dtypes).items() if isinstance(v, DType) and not k.startswith("default")}
+_fields: dict[str, DType] = {k: v for k, v in vars(dtypes).items()
+                             if isinstance(v, DType) and not k.startswith("default")}
+# the canonical field name of each type (the first one declared: float16 before its alias half)
+_field_names: dict[DType, str] = {}
+for _k, _v in _fields.items(): _field_names.setdefault(_v, _k)
 _by_name: dict[str, DType] = {v.name: v for v in _fields.values()}
 _floats = frozenset((dtypes.float16, dtypes.bfloat16, dtypes.float32, dtypes.float64))
 _unsigned = frozenset((dtypes.uint8, dtypes.uint16, dtypes.uint32, dtypes.uint64))

@@ -99,7 +99,8 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
 
 def _contiguous_reduce(k: Kernel, width: int) -> bool:
   """A reduce whose last axis is unit-stride in an input (a row sum): unrolled by two vectors (vector
-  accumulators) and an output axis upcast by 8, 4 or 2 (that many rows streamed at once)."""
+  accumulators) and an output axis upcast by 4 or 2 (that many rows streamed at once; fewer than the vector width, so
+  the lanes are packed along the rows, not across them)."""
   end = k.shape_len - k.upcasted
   if k.first_reduce >= end: return False
   axis = end - 1
@@ -109,7 +110,7 @@ def _contiguous_reduce(k: Kernel, width: int) -> bool:
                                for amt in (2 * width, width) if amt <= k.opts.max_unroll): return False
   for out_axis in reversed(range(k.first_reduce)):
     if _int(n := k.full_shape[out_axis]) and n >= 2:
-      if any(n % amt == 0 and _try(k, OptOps.UPCAST, out_axis, amt) for amt in (8, 4, 2)): break
+      if any(n % amt == 0 and _try(k, OptOps.UPCAST, out_axis, amt) for amt in (4, 2) if amt < width): break
   return True
 
 def _group(k: Kernel, threads: int) -> None:

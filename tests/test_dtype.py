@@ -23,7 +23,8 @@ def test_vectors():
 
 def test_images():
   img = dtypes.imagef((8, 16, 4))
-  assert isinstance(img, ImageDType) and img.shape == (8, 16, 4) and img.base == dtypes.float and img.scalar() == dtypes.float
+  assert isinstance(img, ImageDType) and img.shape == (8, 16, 4)
+  assert img.base == dtypes.float and img.scalar() == dtypes.float
   assert img == dtypes.imagef((8, 16, 4)) and img != dtypes.imagef((8, 8, 4)) and img != dtypes.imageh((8, 16, 4))
   assert img.name.startswith("image")
 

@@ -378,3 +378,131 @@ def test_catalogue_end_to_end(dev, case, optimize):
     runner(*[bufs[a.idx] for a in prg.args], var_vals=var_vals, wait=True)
     want = case.reference(inputs, var_vals)
     for spec in case.outputs: _check_close(case, spec, bufs[spec.idx].numpy(), want[spec.idx])
+
+# ***** the CPU device profile (PoCL): packed lanes and heuristics_opencl, against the static profile *****
+
+def _cpu_profile(dev):
+  import pyopencl as cl
+  if not dev.cl_device.type & cl.device_type.CPU: pytest.skip("the OpenCL device is not a CPU: no CPU profile")
+  return dev.renderer
+
+def _mm_ast(M, N, K):
+  from tests.catalogue import buf as lbuf, kernel, reduce, store, view
+  from kernopt.ops import ReduceOps
+  a = lbuf(1, (M, N, K), st=view((M, N, K), (K, 0, 1)))
+  b = lbuf(2, (M, N, K), st=view((M, N, K), (0, 1, N)))
+  return kernel(store(reduce(ReduceOps.SUM, alu_ast(BinaryOps.MUL, a, b), (2,))))
+
+def alu_ast(op, *srcs):
+  from tests.catalogue import alu as calu
+  return calu(op, *srcs)
+
+def _run_ast(dev, ast, renderer, inputs, out_numel, opts=None):
+  """(result, applied opts, source) of ast through the standard protocol (or the given opts) on renderer."""
+  from kernopt.kernel import Kernel
+  from kernopt.opt import Opt
+  k = Kernel(ast, opts=renderer).required_optimizations()
+  if opts is None: k.hand_coded_optimizations()
+  else:
+    for o in opts: k.apply_opt(Opt(*o))
+  prg = k.to_program()
+  bufs = {0: Buffer("OPENCL", out_numel, f32), **{i: buf(a) for i, a in inputs.items()}}
+  dev.compile(prg)(*[bufs[a.idx] for a in prg.args], wait=True)
+  return bufs[0].numpy(), list(k.applied_opts), prg.src
+
+def test_cpu_profile_departs_from_the_static_profile(dev):
+  import pyopencl as cl
+  from kernopt.runtime.opencl import cpu_vector_width
+  r, static = dev.renderer, OpenCLRenderer()
+  assert (static.heuristics, static.vector_width, static.supports_float4, static.max_upcast) == ("spec", 1, True, 8)
+  if not dev.cl_device.type & cl.device_type.CPU:
+    assert r.heuristics == "spec" and r.vector_width == 1
+    return
+  w = cpu_vector_width(dev.cl_device, cl)
+  assert w in (4, 8, 16) and r.vector_width == w and r.heuristics == "opencl_cpu"
+  assert r.supports_float4 is False and r.max_upcast == max(8, 2 * w)
+  assert r.capabilities()["vector_width"] == w and static.capabilities()["heuristics"] == "spec"
+  assert r.capabilities() != static.capabilities() and f"vector_width={w}" in repr(r)
+  with pytest.raises(UnsupportedError): OpenCLRenderer(vector_width=3)
+
+def test_static_profile_keeps_the_spec_heuristics():
+  from kernopt import heuristics
+  from kernopt.kernel import Kernel
+  ast = _mm_ast(32, 64, 48)
+  k1 = Kernel(ast, opts=OpenCLRenderer()).hand_coded_optimizations()
+  k2 = Kernel(ast, opts=OpenCLRenderer()).required_optimizations()
+  heuristics.hand_coded(k2)
+  assert k1.applied_opts == k2.applied_opts and k1.applied_opts
+
+def test_cpu_profile_matmul_register_tile(dev):
+  from kernopt.opt import OptOps
+  r = _cpu_profile(dev)
+  w = r.vector_width
+  M, N, K = 16, 4 * w, 32
+  rng = np.random.default_rng(3)
+  a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
+  got, opts, src = _run_ast(dev, _mm_ast(M, N, K), r, {1: a, 2: b}, M * N)
+  assert [(o.op, o.axis, o.amt) for o in opts] == [(OptOps.UPCAST, 1, 2 * w), (OptOps.UPCAST, 0, 4),
+                                                   (OptOps.UNROLL, 0, 4)]
+  assert f"float{w} acc" in src and f"vload{w}(" in src and f"vstore{w}(" in src   # packed vector accumulators
+  np.testing.assert_allclose(got.reshape(M, N), a @ b, rtol=1e-4, atol=1e-4)
+
+def test_cpu_profile_row_sum_streams_rows_into_vector_accumulators(dev):
+  from tests.catalogue import buf as lbuf, kernel, reduce, store
+  from kernopt.ops import ReduceOps
+  from kernopt.opt import OptOps
+  r = _cpu_profile(dev)
+  w = r.vector_width
+  R, C = 16, 8 * w
+  x = np.random.default_rng(4).standard_normal((R, C), dtype=np.float32)
+  got, opts, src = _run_ast(dev, kernel(store(reduce(ReduceOps.SUM, lbuf(1, (R, C)), (1,)))), r, {1: x}, R)
+  assert [(o.op, o.amt) for o in opts] == [(OptOps.UNROLL, 2 * w), (OptOps.UPCAST, 4 if w > 4 else 2)]
+  assert f"float{w} acc" in src and f"vload{w}(" in src
+  np.testing.assert_allclose(got, x.sum(axis=1), rtol=1e-4, atol=1e-4)
+
+def test_cpu_profile_elementwise_keeps_lanes_scalar_in_work_groups(dev):
+  from tests.catalogue import buf as lbuf, const as lconst, kernel, store
+  from kernopt.opt import OptOps
+  r = _cpu_profile(dev)
+  shp = (64, 64)
+  rng = np.random.default_rng(5)
+  xs = {i: rng.standard_normal(shp, dtype=np.float32) for i in (1, 2, 3)}
+  fma = alu_ast(BinaryOps.ADD, alu_ast(BinaryOps.MUL, lbuf(1, shp), lbuf(2, shp)), lbuf(3, shp))
+  ast = kernel(store(alu_ast(BinaryOps.MAX, fma, lconst(0.0, shp))))
+  got, opts, src = _run_ast(dev, ast, r, xs, 64 * 64)
+  ops = [(o.op, o.amt) for o in opts]
+  assert ops[-1][0] is OptOps.LOCAL and (r.vector_width <= 4 or ops[0] == (OptOps.UPCAST, 4))
+  assert "vload" not in src and "float4" not in src   # lanes stay scalar: PoCL vectorizes across work-items
+  assert "#pragma OPENCL FP_CONTRACT OFF" in src       # a*b+c rounded twice, as numpy does
+  np.testing.assert_array_equal(got.reshape(shp), np.maximum(xs[1] * xs[2] + xs[3], np.float32(0)))
+
+def test_cpu_profile_vector_max_is_exact_with_nan(dev):
+  from tests.catalogue import buf as lbuf, kernel, store
+  from kernopt.opt import OptOps
+  r = _cpu_profile(dev)
+  w = r.vector_width
+  n = 4 * w
+  a, b = np.arange(n, dtype=np.float32) - n / 2, np.full(n, 1.5, np.float32)
+  a[1], b[2], a[3], b[3] = np.nan, np.nan, -0.0, 0.0
+  ast = kernel(store(alu_ast(BinaryOps.MAX, lbuf(1, (n,)), lbuf(2, (n,)))))
+  got, _, src = _run_ast(dev, ast, r, {1: a, 2: b}, n, opts=[(OptOps.UPCAST, 0, w)])
+  assert "select(" in src and "isgreater(" in src
+  want = np.where(a > b, a, b)   # the op table's MAX: a > b ? a : b, so a NaN compare picks b
+  np.testing.assert_array_equal(got, want)
+  assert np.signbit(got[3]) == np.signbit(want[3])
+
+def test_cpu_profile_falls_back_to_the_spec_for_other_dtypes(dev):
+  from tests.catalogue import buf as lbuf, kernel, reduce, store
+  from kernopt.heuristics_opencl import hand_coded_opencl
+  from kernopt.kernel import Kernel
+  from kernopt.ops import ReduceOps
+  r = _cpu_profile(dev)
+  ast = kernel(store(reduce(ReduceOps.SUM, lbuf(1, (8, 64), dtype=i32), (1,))))
+  assert hand_coded_opencl(Kernel(ast, opts=r)) is False
+  x = np.arange(8 * 64, dtype=np.int32).reshape(8, 64)
+  from kernopt.kernel import Kernel as K2
+  k = K2(ast, opts=r).hand_coded_optimizations()
+  prg = k.to_program()
+  out = Buffer("OPENCL", 8, i32)
+  dev.compile(prg)(*[{0: out, 1: buf(x)}[a.idx] for a in prg.args], wait=True)
+  np.testing.assert_array_equal(out.numpy(), x.sum(axis=1))

@@ -446,7 +446,8 @@ _BF16_HELPERS = {
 
 class CRenderer(CStyleLanguage):
   """C11 with GCC/clang extensions, for the CPU device: one function whose loops cover the whole launch.
-  half is `_Float16` (or clang's `__fp16`) in memory and bfloat16 a uint16_t bit pattern; both are computed in float, each ALU result
+  half is `_Float16` (or clang's `__fp16`) in memory and bfloat16 a uint16_t bit pattern; both are computed in
+  float, each ALU result
   rounded back to nearest even (so results match ops.exec_alu bit for bit). Integer ops have no undefined
   behaviour. Vector types use GCC vector extensions and unaligned memcpy access."""
   device = "CPU"

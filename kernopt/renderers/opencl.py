@@ -96,6 +96,9 @@ class OpenCLRenderer(CStyleLanguage):
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
     fp64, fp16, images = getattr(_render_state, "flags", (False, False, False))
     pragmas = [f"#pragma OPENCL EXTENSION cl_khr_{ext} : enable" for ext, on in (("fp64", fp64), ("fp16", fp16)) if on]
+    # OpenCL C lets the compiler fuse a*b+c into one rounding by default; the CPU profile rounds each op as the op
+    # table says (PoCL fuses the packed vector ops too)
+    if self.vector_width > 1: pragmas.append("#pragma OPENCL FP_CONTRACT OFF")
     return super().render_kernel(name, params, body, pragmas + preamble + [_SAMPLER] * images)
 
   # ***** types and values *****

@@ -37,7 +37,8 @@ class Compiled:
     """Build program.src; return whatever _launch needs. Raise CompileError with the compiler's log."""
     raise NotImplementedError
   def _launch(self, lib: Any, program: Program, handles: list[Any], var_vals: list[int],
-              global_size: Optional[tuple[int, ...]], local_size: Optional[tuple[int, ...]], wait: bool) -> Optional[float]:
+              global_size: Optional[tuple[int, ...]], local_size: Optional[tuple[int, ...]],
+              wait: bool) -> Optional[float]:
     raise NotImplementedError
   def synchronize(self) -> None: pass
   def compiler_id(self) -> str:
@@ -60,7 +61,8 @@ class CompiledRunner:
   def __init__(self, device: Compiled, program: Program, lib: Any):
     self.device, self.program, self.lib = device, program, lib
 
-  def __call__(self, *buffers: Buffer, var_vals: Optional[dict[Any, int]] = None, wait: bool = False) -> Optional[float]:
+  def __call__(self, *buffers: Buffer, var_vals: Optional[dict[Any, int]] = None,
+               wait: bool = False) -> Optional[float]:
     """Launch with buffers in MemBuffer index order; returns the kernel's seconds when wait=True."""
     vals = self._check(buffers, var_vals or {})
     gsz, lsz = self.program.launch_dims(vals)
@@ -73,7 +75,8 @@ class CompiledRunner:
     from kernopt.shape.symbolic import sym_infer
     prg = self.program
     if len(buffers) != len(prg.args):
-      raise LaunchError(f"{prg.name} takes {len(prg.args)} buffers (indices {[a.idx for a in prg.args]}), got {len(buffers)}")
+      raise LaunchError(f"{prg.name} takes {len(prg.args)} buffers (indices {[a.idx for a in prg.args]}), "
+                        f"got {len(buffers)}")
     by_name = {(k.expr if hasattr(k, "expr") else k): v for k, v in var_vals.items()}
     vals: dict[Any, int] = {}
     for v in prg.vars:
