@@ -1,6 +1,6 @@
 """Scalar, vector and image data types, and type promotion. Imports nothing from kernopt."""
 from __future__ import annotations
-import math
+import builtins, math
 from dataclasses import dataclass
 from typing import Final, Optional, Union
 
@@ -68,11 +68,11 @@ class dtypes:
   default_int: Final[DType] = int32
 
   @staticmethod
-  def is_float(x: DType) -> bool: return x.scalar() in _floats
+  def is_float(x: DType) -> builtins.bool: return x.scalar() in _floats
   @staticmethod
-  def is_int(x: DType) -> bool: return x.scalar() in _ints
+  def is_int(x: DType) -> builtins.bool: return x.scalar() in _ints
   @staticmethod
-  def is_unsigned(x: DType) -> bool: return x.scalar() in _unsigned
+  def is_unsigned(x: DType) -> builtins.bool: return x.scalar() in _unsigned
   @staticmethod
   def fields() -> dict[str, DType]: return dict(_fields)
   @staticmethod
@@ -83,9 +83,9 @@ class dtypes:
     raise ValueError(f"unknown dtype name {name!r}")
 
   @staticmethod
-  def imageh(shape: tuple[int, ...]) -> ImageDType: return _image(shape, dtypes.half, "imageh")
+  def imageh(shape: tuple[builtins.int, ...]) -> ImageDType: return _image(shape, dtypes.half, "imageh")
   @staticmethod
-  def imagef(shape: tuple[int, ...]) -> ImageDType: return _image(shape, dtypes.float32, "imagef")
+  def imagef(shape: tuple[builtins.int, ...]) -> ImageDType: return _image(shape, dtypes.float32, "imagef")
 
   @staticmethod
   def min(dt: DType) -> ConstType:

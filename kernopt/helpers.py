@@ -3,7 +3,7 @@ Imports only the standard library."""
 from __future__ import annotations
 import contextlib, contextvars, functools, hashlib, os, pickle, re, sqlite3, sys, tempfile, threading
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, TypeGuard, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -18,6 +18,10 @@ def dedup(xs: Iterable[T]) -> list[T]:
   return list(dict.fromkeys(xs))
 
 def all_same(xs: Sequence[Any]) -> bool: return all(x == xs[0] for x in xs[1:])
+@overload
+def all_int(xs: tuple[Any, ...]) -> TypeGuard[tuple[int, ...]]: ...
+@overload
+def all_int(xs: Iterable[Any]) -> bool: ...
 def all_int(xs: Iterable[Any]) -> bool: return all(isinstance(x, int) for x in xs)
 def round_up(n: int, multiple: int) -> int: return (n + multiple - 1) // multiple * multiple
 def flatten(xss: Iterable[Iterable[T]]) -> list[T]: return [x for xs in xss for x in xs]

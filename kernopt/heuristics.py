@@ -3,7 +3,7 @@ kernel that applies Opts through `Kernel.apply_opt`, so every choice passes its 
 dtype, ops and opt; the Kernel is passed in."""
 from __future__ import annotations
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 from kernopt.dtype import ImageDType
 from kernopt.errors import KernelOptError
 from kernopt.helpers import all_int, getconfig, prod
@@ -12,7 +12,7 @@ from kernopt.opt import Opt, OptOps
 
 if TYPE_CHECKING: from kernopt.kernel import Kernel
 
-def _is_int(x: Any) -> bool: return type(x) is int
+def _is_int(x: Any) -> TypeGuard[int]: return type(x) is int
 def _divides(size: Any, amt: int) -> bool:
   """amt divides size (for a symbolic size: provably, e.g. 64*n by 4)."""
   return amt > 0 and size % amt == 0

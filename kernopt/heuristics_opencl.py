@@ -13,6 +13,7 @@ if TYPE_CHECKING: from kernopt.kernel import Kernel
 
 ELEMENTWISE_LANES = 4    # scalar lanes per work-item of an elementwise kernel: PoCL vectorizes across work-items
 ELEMENTWISE_GROUP = 64   # work-items per work-group of an elementwise kernel
+TILE_GROUP = 8           # row blocks per work-group of a register-tiled reduce
 
 def _int(x: object) -> bool: return type(x) is int
 
@@ -82,7 +83,7 @@ def _elementwise(k: Kernel, width: int) -> bool:
 
 def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   """rows x (one or two vectors) accumulators, 8 vector registers in all; then the last reduce axis unrolled
-  (entirely when it is at most 3, a conv's window column; else by 4)."""
+  (entirely when it is at most 3, a conv's window column; else by 4) and up to TILE_GROUP row blocks grouped."""
   rows = row_axis(k, vaxis)
   two = 2 * width <= k.opts.max_upcast and k.full_shape[vaxis] % (2 * width) == 0
   cols = 2 * width if rows is not None and two else width
@@ -95,6 +96,10 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   if k.first_reduce < end and _int(s := k.full_shape[end - 1]):
     if s <= 3: _try(k, OptOps.UNROLL, end - 1 - k.first_reduce, 0)
     elif s % 4 == 0: _try(k, OptOps.UNROLL, end - 1 - k.first_reduce, 4)
+  if rows is not None and k.opts.has_local and rows < k.first_reduce and _int(n := k.full_shape[rows]):
+    # neighbouring row blocks share the streamed input: one work-group runs them one after another on one core
+    for amt in (TILE_GROUP, 4, 2):
+      if amt <= TILE_GROUP and n % amt == 0 and n // amt >= 2 and _try(k, OptOps.LOCAL, rows, amt): break
   return True
 
 def _contiguous_reduce(k: Kernel, width: int) -> bool:

@@ -7,9 +7,9 @@ import functools
 import itertools
 from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeGuard, Union, cast
 from kernopt import heuristics, heuristics_cpu, heuristics_opencl, ops
-from kernopt.dtype import DType, ImageDType, dtypes
+from kernopt.dtype import ImageDType, dtypes
 from kernopt.errors import KernelOptError, ShapeError, UnsupportedError, VerifyError
 from kernopt.opt import Opt, OptOps, TensorCoreOptions
 from kernopt.helpers import all_int, all_same, ansilen, ansistrip, colored, dedup, get_contraction, getconfig, prod, \
@@ -17,7 +17,7 @@ from kernopt.helpers import all_int, all_same, ansilen, ansistrip, colored, dedu
 from kernopt.ops import BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps
 from kernopt.renderers import BufferArg, Program, Renderer, TensorCore, get_renderer
 from kernopt.shape.shapetracker import ShapeTracker
-from kernopt.shape.symbolic import sint
+from kernopt.shape.symbolic import Node, sint
 
 @dataclass(frozen=True)
 class _TCLayout:
@@ -52,11 +52,11 @@ _NEEDS_AMT = (OptOps.UPCAST, OptOps.UPCASTMID, OptOps.UNROLL, OptOps.LOCAL, OptO
 
 _OP_ENUMS = (ops.UnaryOps, ops.BinaryOps, ops.TernaryOps, ops.ReduceOps, ops.BufferOps, ops.MetaOps)
 
-def _is_int(x: Any) -> bool: return type(x) is int
+def _is_int(x: Any) -> TypeGuard[int]: return type(x) is int
 def _divides(size: sint, amt: int) -> bool:
   """amt divides size (for a symbolic size: provably, e.g. 64*n by 4)."""
   return amt > 0 and size % amt == 0
-def _fmt(s: sint) -> str: return str(s) if _is_int(s) else s.render()
+def _fmt(s: sint) -> str: return s.render() if isinstance(s, Node) else str(s)
 def _stride_key(s: Any) -> int: return s if _is_int(s) else (s.max if s is not None else 0)
 
 def _preorder(root: LazyOp) -> list[LazyOp]:
@@ -89,7 +89,8 @@ def _derive_sts(ast: LazyOp) -> dict[LazyOp, ShapeTracker]:
       if not isinstance(op.arg, (MemBuffer, ConstBuffer)):
         raise VerifyError(f"{op.op} needs a MemBuffer or ConstBuffer, got {op.arg!r}")
       if op.op is BufferOps.STORE and (len(op.src) != 1 or sts[op.src[0]].shape != op.arg.st.shape):
-        raise VerifyError(f"STORE of buffer {op.arg.idx}: source shapes {[sts[s].shape for s in op.src]} "
+        which = op.arg.idx if isinstance(op.arg, MemBuffer) else op.arg
+        raise VerifyError(f"STORE of buffer {which}: source shapes {[sts[s].shape for s in op.src]} "
                           f"!= {op.arg.st.shape}")
       if op.op is not BufferOps.STORE and op.src: raise VerifyError(f"{op.op} takes no sources")
       sts[op] = op.arg.st
@@ -247,7 +248,8 @@ class Kernel:
   def shape_offsets(self, i: int) -> Iterator[tuple[int, ...]]:
     """Every index into tracker i's upcasted axes, last axis slowest."""
     if self.upcasted == 0: return iter([()])
-    return itertools.product(*[range(s) for s in self.sts[i].shape[self.shape_len - self.upcasted:][::-1]])
+    upcasted = cast(tuple[int, ...], self.sts[i].shape[self.shape_len - self.upcasted:])  # upcast axes are concrete
+    return itertools.product(*[range(s) for s in upcasted[::-1]])
 
   def float4_axis(self, i: int) -> list[int]:
     """Upcasted unit-stride axes of tracker i whose size is a multiple of 4, counted from the first upcasted axis."""
@@ -381,8 +383,9 @@ class Kernel:
     amt = -1
     if opt.amt is not None:
       need(_is_int(opt.amt) and opt.amt >= 0, "amount must be a non-negative int")
-      amt = opt.amt if opt.amt != 0 else self.full_shape[axis]
-      need(_is_int(amt) and amt != 1, f"amount {amt} is 1 or symbolic")
+      full = opt.amt if opt.amt != 0 else self.full_shape[axis]
+      if not (_is_int(full) and full != 1): raise self._refuse(opt, f"amount {full} is 1 or symbolic")
+      amt = full
       if opt.op is not OptOps.PADTO: need(_divides(self.full_shape[axis], amt), f"{amt} does not divide the axis")
       self._check_shared_memory(opt, amt)
       if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
@@ -406,6 +409,7 @@ class Kernel:
     if not (opt.op in (OptOps.GROUP, OptOps.GROUPTOP) or
             (self.group_for_reduces and opt.op not in (OptOps.NOLOCALS, OptOps.PADTO))): return
     dt = self.reduceop.dtype
+    assert dt is not None, "a reduce op always has a dtype"
     acc_sz = dt.base.itemsize if isinstance(dt, ImageDType) else dt.itemsize
     start = self.shape_len - self.upcasted
     upcast_sz = prod(f for f, o in zip(self.full_shape[start:], self.sts[0].shape[start:]) if f == o)
@@ -482,7 +486,7 @@ class Kernel:
                for r in self.reduceops), "reduce is not a SUM of pad-safe ops")
     padded, new = False, list(self.sts)
     for i, st in enumerate(self.sts):
-      size = st.shape[axis]
+      size = cast(int, st.shape[axis])  # no variables (checked above), so every shape entry is an int
       if size == 1: continue
       need(size > amt // 4, f"padding {size} to a multiple of {amt} more than quadruples the work")
       if extra := round_up(size, amt) - size:
@@ -524,7 +528,8 @@ class Kernel:
     def need(cond: Any, why: str) -> None:
       if not cond: raise self._refuse(opt, why)
     need(not self.applied_opts, "tensor cores must be the first Opt")
-    need(_is_int(opt.axis) and _is_int(opt.amt) and opt.axis >= 0 and opt.amt >= 0, "TC needs int axis and level")
+    if not (_is_int(opt.axis) and _is_int(opt.amt) and opt.axis >= 0 and opt.amt >= 0):
+      raise self._refuse(opt, "TC needs int axis and level")
     need(use_tc == 2 or self.opts.tensor_cores, f"{self.opts.device} has no tensor cores and USE_TC != 2")
     r = self.reduceop
     need(use_tc and self.opts.has_local and r is not None and r.op is ReduceOps.SUM,
@@ -675,9 +680,10 @@ class Kernel:
       fixes[1] = functools.partial(_fix_tc_st, layout, layout.perm_a, wd, tcd)
       fixes[2] = functools.partial(_fix_tc_st, layout, layout.perm_b, wd, tcd) if layout.perm_b else None
       reduce_axes = tuple(tcd + r for r in layout.reduce)
+      ua, ub, uc = layout.upcast
       arg = ops.WMMAArg(name=str(tc), dims=tc.dims, dtype_in=tc.dtype_in, dtype_out=tc.dtype_out,
                         thread_local_sizes=tuple(prod(x) for x in tc.thread_local_sizes), device=self.opts.device,
-                        upcast_axes=tuple(tcd + u for u in layout.upcast), reduce_axes=reduce_axes)
+                        upcast_axes=(tcd + ua, tcd + ub, tcd + uc), reduce_axes=reduce_axes)
       ret = LazyOp(ReduceOps.WMMA, (fix(mul.src[0], 1), fix(mul.src[1], 2)), arg)
       rest = tuple(i for i in axes if i not in reduce_axes)
       return LazyOp(op.op, (ret,), rest) if rest else ret
@@ -687,7 +693,8 @@ class Kernel:
       reduce_loops = self.shape_len - self.upcasted - gfr - fr
       local_shape = (1,) * gd + self.full_shape[gd:gd + ld + gfr] + (1,) * reduce_loops + \
                     tuple(x[0] for x in self.upcasted_axis(0))
-      dt: DType = first.dtype  # type: ignore[assignment]
+      dt = first.dtype
+      assert dt is not None, "a reduce op always has a dtype"
       local = MemBuffer(-1, dt, ShapeTracker.from_shape(local_shape))
       store = LazyOp(BufferOps.STORE, (first,), local)
       return LazyOp(op.op, (LazyOp(BufferOps.LOAD, (store,), local),), tuple(range(fr, fr + gfr)))

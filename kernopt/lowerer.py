@@ -6,7 +6,7 @@ import functools, itertools
 from typing import Any, Optional, Sequence
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError, VerifyError
-from kernopt.helpers import dedup, prod
+from kernopt.helpers import all_int, dedup, prod
 from kernopt.ops import (BinaryOps, BufferOps, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps,
                          WMMAArg)
 from kernopt.shape.shapetracker import ShapeTracker
@@ -64,7 +64,7 @@ def fold_dims(sizes: Sequence[Any], maxes: Optional[Sequence[int]]) -> list[list
   if n == 0: return []
   lim = list(maxes) if maxes else [None] * 3
   def fits(groups: list[list[int]]) -> bool:
-    return all(lim[d] is None or _upper(prod(sizes[a] for a in g)) <= lim[d] for d, g in enumerate(groups))
+    return all((m := lim[d]) is None or _upper(prod(sizes[a] for a in g)) <= m for d, g in enumerate(groups))
   for k in range(min(n, len(lim)), 0, -1):
     for cuts in reversed(list(itertools.combinations(range(1, n), k - 1))):
       bounds = (0,) + cuts + (n,)
@@ -142,12 +142,12 @@ class _Lowerer:
     for a in group: self.ridxs[a] = self._loop(a, True, "_g")
     # upcasted axes: one lane per combination of their indices
     up_sizes = self.full_shape[fu:]
-    if not all(isinstance(s, int) for s in up_sizes): raise UnsupportedError(f"cannot upcast symbolic sizes {up_sizes}")
-    self.up_vars = {Variable(f"_up{a}", 0, s - 1): a - fu for a, s in enumerate(up_sizes, start=fu)}  # type: ignore
+    if not all_int(up_sizes): raise UnsupportedError(f"cannot upcast symbolic sizes {up_sizes}")
+    self.up_vars = {Variable(f"_up{a}", 0, s - 1): a - fu for a, s in enumerate(up_sizes, start=fu)}
     for v, j in self.up_vars.items(): self.idxs[fu + j] = self.ridxs[fu + j] = v
-    self.lanes: list[tuple[int, ...]] = list(itertools.product(*[range(s) for s in up_sizes]))  # type: ignore
+    self.lanes: list[tuple[int, ...]] = list(itertools.product(*[range(s) for s in up_sizes]))
     self.lane_of = {ln: i for i, ln in enumerate(self.lanes)}
-    self.up_sizes: tuple[int, ...] = up_sizes  # type: ignore
+    self.up_sizes: tuple[int, ...] = up_sizes
     self.writable = {x.arg.idx for x in ast.src if x.arg.idx >= 0}
     self.memo: dict[LazyOp, list[UOp]] = {}
     self.acc_n = 0
@@ -409,7 +409,7 @@ class _Lowerer:
     src = self.lower(x.src[0])
     dt = _value_dtype(x.dtype)
     op = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}[x.op]  # type: ignore[index]
-    init = dtypes.as_const(0 if x.op is ReduceOps.SUM else dtypes.min(dt), dt)  # type: ignore[arg-type]
+    init = dtypes.as_const(0 if x.op is ReduceOps.SUM else dtypes.min(dt), dt)
     combine = lambda xs: functools.reduce(lambda a, b: _alu(op, dt, a, b), xs)  # noqa: E731
     by_out: dict[tuple[int, ...], list[int]] = {}
     for i, ln in enumerate(self.lanes):

@@ -228,7 +228,7 @@ class _Verifier:
     self.sts[op] = st
     return st
 
-  def _buffer_arg(self, op: LazyOp, kind: type) -> Any:
+  def _buffer_arg(self, op: LazyOp, kind: type[Union[MemBuffer, ConstBuffer]]) -> Any:
     arg = op.arg
     if not isinstance(arg, kind):
       raise VerifyError(f"{op.op} needs a {kind.__name__} arg, got {type(arg).__name__} {arg!r}")
@@ -395,18 +395,20 @@ def print_tree(ast: LazyOp, file: Optional[TextIO] = None) -> None:
 # ***** canonical serialization *****
 
 AST_FORMAT_VERSION = 1
-_ENUMS: dict[str, type[Enum]] = {e.__name__: e for e in
+_ENUMS: dict[str, type[Op]] = {e.__name__: e for e in
                                  (UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, MetaOps)}
-_RECORDS: dict[str, type] = {c.__name__: c for c in (MemBuffer, ConstBuffer, KernelInfo, WMMAArg)}
+_Record = Union[MemBuffer, ConstBuffer, KernelInfo, WMMAArg]
+_RECORDS: dict[str, type[_Record]] = {c.__name__: c for c in (MemBuffer, ConstBuffer, KernelInfo, WMMAArg)}
 _SYM_BIN = ("MulNode", "DivNode", "ModNode", "LtNode")
 _SYM_LIST = ("SumNode", "AndNode")
 
 def _enc_node(n: symbolic.Node) -> dict[str, Any]:
   name = type(n).__name__
-  if name == "NumNode": return {"t": name, "b": n.b}  # type: ignore[attr-defined]
-  if name == "Variable": return {"t": name, "expr": n.expr, "min": n.min, "max": n.max, "val": n.val}  # type: ignore[attr-defined]
-  if name in _SYM_BIN: return {"t": name, "a": _enc(n.a), "b": _enc(n.b)}  # type: ignore[attr-defined]
-  if name in _SYM_LIST: return {"t": name, "nodes": [_enc(x) for x in n.nodes]}  # type: ignore[attr-defined]
+  if isinstance(n, symbolic.NumNode): return {"t": name, "b": n.b}
+  if isinstance(n, symbolic.Variable): return {"t": name, "expr": n.expr, "min": n.min, "max": n.max, "val": n.val}
+  if isinstance(n, (symbolic.MulNode, symbolic.DivNode, symbolic.ModNode, symbolic.LtNode)):
+    return {"t": name, "a": _enc(n.a), "b": _enc(n.b)}
+  if isinstance(n, (symbolic.SumNode, symbolic.AndNode)): return {"t": name, "nodes": [_enc(x) for x in n.nodes]}
   raise VerifyError(f"cannot serialize symbolic node {name}")
 
 def _enc_dtype(dt: DType) -> dict[str, Any]:

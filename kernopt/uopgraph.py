@@ -71,7 +71,7 @@ def _head(ops: Optional[frozenset], arg: Any, name: Optional[str], dcheck: Optio
   def named(u: UOp, caps: dict) -> bool:
     if ops is not None and u.op not in ops: return False
     if (prev := caps.get(name)) is not None and prev is not u: return False
-    caps[name] = u  # type: ignore[index]
+    caps[name] = u
     return True
   if arg is None and dcheck is None: return named
 
@@ -441,9 +441,9 @@ def order_uops(sink: UOp) -> list[UOp]:
   outer = sorted((u for u in topo if u.op is UOps.RANGE and not u.arg[1]), key=lambda r: r.arg[0])
   for i, r in enumerate(outer): parent[r] = outer[i - 1] if i else None
   innermost_outer = outer[-1] if outer else None
-  for a in topo:
-    if a.op is UOps.DEFINE_ACC:
-      rs = sorted(a.src, key=lambda r: r.arg[0])
+  for acc in topo:
+    if acc.op is UOps.DEFINE_ACC:
+      rs = sorted(acc.src, key=lambda r: r.arg[0])
       for i, r in enumerate(rs): parent.setdefault(r, rs[i - 1] if i else innermost_outer)
   for u in topo:
     if u.op is UOps.RANGE: parent.setdefault(u, innermost_outer)
@@ -502,8 +502,8 @@ def order_uops(sink: UOp) -> list[UOp]:
       while depth[b] > depth[a]: ib, b = b, parent[b]  # type: ignore[assignment,index]
       while a is not b: ia, a, ib, b = a, parent[a], b, parent[b]  # type: ignore[assignment,index]
       if ia is not ib:
-        if (di := deps.get(ia)) is None: di = deps[ia] = set()  # type: ignore[index]
-        di.add(ib)  # type: ignore[arg-type]
+        if (di := deps.get(ia)) is None: di = deps[ia] = set()
+        di.add(ib)
 
   out: list[UOp] = []
   def key(u: UOp) -> tuple:

@@ -40,7 +40,7 @@ class UOps(Enum):
   ALU = auto(); CAST = auto(); BITCAST = auto(); VECTORIZE = auto(); GEP = auto(); PHI = auto() # noqa: E702
   IF = auto(); ENDIF = auto(); BARRIER = auto(); WMMA = auto() # noqa: E702
 
-UOps.__hash__ = object.__hash__  # type: ignore[method-assign,assignment]  # members are singletons: hash by identity
+UOps.__hash__ = object.__hash__  # type: ignore[method-assign]  # members are singletons: hash by identity
 
 class UOp:
   """An interned, immutable node: UOp(op, dtype, src, arg) returns the existing node for equal arguments, so

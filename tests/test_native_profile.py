@@ -194,6 +194,38 @@ def test_native_flags_unroll_static_keeps_spec_flags():
   assert "-funroll-loops" in Device.open("CPU", threads=2).flags()
   assert "-funroll-loops" not in Device.open("CPU", profile="static").flags()
 
+@needs_cc
+@pytest.mark.parametrize("scale", ["small", "large"])
+def test_padded_conv_masked_vector_loads_bit_identical(scale):
+  """The padded input's contiguous gated lanes are one masked vector load (a plain vector load where every lane is
+  inside); same opts on the static profile give the same bits."""
+  case = get("conv2d", scale)
+  native, static = Device.open("CPU", threads=2, min_parallel_work=0), Device.open("CPU", profile="static")
+  # the static profile allows upcasts of at most 8
+  opts = protocol(case.ast, native.renderer).applied_opts if scale == "small" else \
+    [Opt(OptOps.UPCAST, 3, 8), Opt(OptOps.UPCAST, 1, 4)]
+  ins = case.inputs(np.random.default_rng(11))
+  res = []
+  for dev in (native, static):
+    k = Kernel(case.ast, opts=dev.renderer)
+    for o in opts: k.apply_opt(o)
+    prg = k.to_program()
+    bufs = {b.idx: Buffer("CPU", b.numel, b.dtype) for b in case.buffers}
+    for b in case.buffers:
+      if not b.output: bufs[b.idx].copyin(ins[b.idx])
+    dev.compile(prg)(*[bufs[i] for i in sorted(bufs)])
+    res.append((prg.src, bufs[0].numpy()))
+  assert "ko_mload_float8(data1" in res[0][0] and "ko_mload" not in res[1][0]
+  assert res[0][1].tobytes() == res[1][1].tobytes()
+  want = case.reference(ins, {})[0].reshape(-1)
+  np.testing.assert_allclose(res[0][1][:want.size], want, rtol=1e-3, atol=1e-3)
+
+def test_masked_loads_off_gathers():
+  r = NativeCRenderer(vector_width=8, threads=1)
+  r.masked_loads = False
+  src = protocol(get("conv2d", "large").ast, r).to_program().src
+  assert "ko_mload" not in src and "float8 vec" in src
+
 # ***** the whole small catalogue on the native multi-core device *****
 
 CASES = [c.name for c in catalogue.catalogue("small")]

@@ -386,16 +386,16 @@ def _cpu_profile(dev):
   if not dev.cl_device.type & cl.device_type.CPU: pytest.skip("the OpenCL device is not a CPU: no CPU profile")
   return dev.renderer
 
+def alu_ast(op, *srcs):
+  from tests.catalogue import alu as calu
+  return calu(op, *srcs)
+
 def _mm_ast(M, N, K):
   from tests.catalogue import buf as lbuf, kernel, reduce, store, view
   from kernopt.ops import ReduceOps
   a = lbuf(1, (M, N, K), st=view((M, N, K), (K, 0, 1)))
   b = lbuf(2, (M, N, K), st=view((M, N, K), (0, 1, N)))
   return kernel(store(reduce(ReduceOps.SUM, alu_ast(BinaryOps.MUL, a, b), (2,))))
-
-def alu_ast(op, *srcs):
-  from tests.catalogue import alu as calu
-  return calu(op, *srcs)
 
 def _run_ast(dev, ast, renderer, inputs, out_numel, opts=None):
   """(result, applied opts, source) of ast through the standard protocol (or the given opts) on renderer."""
@@ -442,8 +442,9 @@ def test_cpu_profile_matmul_register_tile(dev):
   rng = np.random.default_rng(3)
   a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
   got, opts, src = _run_ast(dev, _mm_ast(M, N, K), r, {1: a, 2: b}, M * N)
+  # a 4 x 2w tile of 8 vector accumulators, K unrolled by 4, two row blocks per work-group (16 rows = 4 blocks)
   assert [(o.op, o.axis, o.amt) for o in opts] == [(OptOps.UPCAST, 1, 2 * w), (OptOps.UPCAST, 0, 4),
-                                                   (OptOps.UNROLL, 0, 4)]
+                                                   (OptOps.UNROLL, 0, 4), (OptOps.LOCAL, 0, 2)]
   assert f"float{w} acc" in src and f"vload{w}(" in src and f"vstore{w}(" in src   # packed vector accumulators
   np.testing.assert_allclose(got.reshape(M, N), a @ b, rtol=1e-4, atol=1e-4)
 
@@ -500,9 +501,7 @@ def test_cpu_profile_falls_back_to_the_spec_for_other_dtypes(dev):
   ast = kernel(store(reduce(ReduceOps.SUM, lbuf(1, (8, 64), dtype=i32), (1,))))
   assert hand_coded_opencl(Kernel(ast, opts=r)) is False
   x = np.arange(8 * 64, dtype=np.int32).reshape(8, 64)
-  from kernopt.kernel import Kernel as K2
-  k = K2(ast, opts=r).hand_coded_optimizations()
-  prg = k.to_program()
+  prg = Kernel(ast, opts=r).hand_coded_optimizations().to_program()
   out = Buffer("OPENCL", 8, i32)
   dev.compile(prg)(*[{0: out, 1: buf(x)}[a.idx] for a in prg.args], wait=True)
   np.testing.assert_array_equal(out.numpy(), x.sum(axis=1))

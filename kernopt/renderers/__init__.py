@@ -4,10 +4,11 @@ Imports dtype, helpers, errors, shape/, ops and uops."""
 from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 from kernopt.dtype import DType
 from kernopt.errors import UnsupportedError
 from kernopt.helpers import prod
+if TYPE_CHECKING: from kernopt.shape.symbolic import sint
 
 @dataclass(frozen=True)
 class TensorCore:
@@ -66,8 +67,8 @@ class Program:
   name: str
   src: str
   device: str
-  global_size: Optional[tuple[int, ...]] = None
-  local_size: Optional[tuple[int, ...]] = None
+  global_size: Optional[tuple[sint, ...]] = None
+  local_size: Optional[tuple[sint, ...]] = None
   uops: Optional[tuple[Any, ...]] = None
   op_estimate: Any = 0
   mem_estimate: Any = 0

@@ -10,7 +10,7 @@ from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.ops import TernaryOps, UnaryOps
 from kernopt.renderers import TensorCore
-from kernopt.renderers.cstyle import CStyleLanguage
+from kernopt.renderers.cstyle import CStyleLanguage, dtype_of
 from kernopt.uops import UOp, UOps
 
 AMD_TENSOR_CORES = tuple(TensorCore(dims=(16, 16, 16), dtype_in=di, dtype_out=do,
@@ -140,7 +140,7 @@ class AMDRenderer(CStyleLanguage):
     arg = u.arg
     if arg.dims != (16, 16, 16) or arg.dtype_in != dtypes.half or arg.dtype_out not in (dtypes.float, dtypes.half):
       raise UnsupportedError(f"{self.dialect_name} has no tensor core {arg.name} ({arg.dtype_in} -> {arg.dtype_out})")
-    a_t, b_t, c_t = (self.render_dtype(s.dtype) for s in u.src)
+    a_t, b_t, c_t = (self.render_dtype(dtype_of(s)) for s in u.src)
     if arg.dtype_out == dtypes.float:
       name = "ko_wmma_f32_16x16x16_f16"
       body = ["  return __builtin_amdgcn_wmma_f32_16x16x16_f16_w32(a, b, c);"]

@@ -14,6 +14,11 @@ from kernopt.ops import ALUOp, BinaryOps, TernaryOps, UnaryOps, truncate_float
 from kernopt.renderers import Renderer
 from kernopt.uops import UOp, UOps
 
+def dtype_of(u: UOp) -> DType:
+  """u's dtype, for a uop whose contract gives it one (every value, buffer and loop uop)."""
+  assert u.dtype is not None, f"{u.op} has no dtype"
+  return u.dtype
+
 # a spelling: a str.format template over the operands ({0}, {1}, ...; {t} is the operand C type), or a function
 # (renderer, operand compute dtype, *operand expressions) -> expression; None marks an op the dialect lacks
 Spelling = Optional[Union[str, Callable[..., str]]]
@@ -208,7 +213,7 @@ class CStyleLanguage(Renderer):
 
   def render_range(self, u: UOp, var: str, start: str, end: str) -> list[str]:
     """The line(s) opening the loop of RANGE u over [start, end) with index variable var."""
-    return [f"for ({self.render_dtype(u.dtype)} {var} = {start}; {var} < {end}; {var}++) {{"]
+    return [f"for ({self.render_dtype(dtype_of(u))} {var} = {start}; {var} < {end}; {var}++) {{"]
 
   def render_wmma(self, u: UOp, srcs: list[str]) -> str: raise UnsupportedError(f"{self.dialect_name} has no WMMA")
   def render_image_load(self, u: UOp, srcs: list[str]) -> str:
@@ -265,7 +270,8 @@ class CStyleLanguage(Renderer):
 
   def spelling(self, op: ALUOp) -> Spelling:
     """The spelling of op: the nearest class in this dialect's hierarchy whose code_for_op names it."""
-    return _merged_ops(type(self)).get(op)
+    # a class object is hashable; mypy checks the instance's __hash__ (None on a non-frozen dataclass) instead
+    return _merged_ops(type(self)).get(op)  # type: ignore[arg-type]
 
   def render_alu(self, op: ALUOp, dt: DType, srcs: list[str]) -> str:
     """op on operands of dtype dt (the branches' dtype for WHERE) as an expression in dt's compute type."""
@@ -331,7 +337,7 @@ class _Emitter:
         self.r[u] = expr
         return
     name = self.fresh(self._prefixes[u.op])
-    self.line(f"{self.value_dtype(u.dtype)} {name} = {expr};")
+    self.line(f"{self.value_dtype(dtype_of(u))} {name} = {expr};")
     self.r[u] = name
 
   def value_dtype(self, dt: DType) -> str:
@@ -347,14 +353,15 @@ class _Emitter:
     bufs: list[tuple[int, str]] = []
     variables: dict[str, str] = {}
     for u in uops:
-      op, dt, src = u.op, u.dtype, u.src
+      op, src = u.op, u.src
       if op is UOps.ALU:  # the most common kinds first
-        opdt = src[1].dtype if u.arg is TernaryOps.WHERE else src[0].dtype
+        opdt = dtype_of(src[1] if u.arg is TernaryOps.WHERE else src[0])
         self.value(u, lang.render_alu(u.arg, opdt, [r[s] for s in src]), uses.get(u, 0))
-      elif op is UOps.CONST: r[u] = lang.render_const(u.arg, dt)
+      elif op is UOps.CONST: r[u] = lang.render_const(u.arg, dtype_of(u))
       elif op is UOps.LOAD: self.load(u)
       elif op is UOps.DEFINE_GLOBAL:
         idx, bname, writable = u.arg
+        dt = dtype_of(u)
         if isinstance(dt, ImageDType) and not lang.supports_images:
           raise UnsupportedError(f"{lang.dialect_name} has no images: buffer {bname} is {dt}")
         bufs.append((idx, lang.render_param(bname, dt, writable)))
@@ -364,7 +371,7 @@ class _Emitter:
         variables[u.arg.expr] = f"{lang.arg_int_prefix} {u.arg.expr}"
       elif op is UOps.DEFINE_LOCAL:
         r[u] = u.arg[0]
-        self.line(lang.render_local(u.arg[0], dt, u.arg[1]))
+        self.line(lang.render_local(u.arg[0], dtype_of(u), u.arg[1]))
       elif op is UOps.SPECIAL:
         self.line(lang.render_special(u.arg[1], u.arg[0]))
         r[u] = u.arg[1]
@@ -382,15 +389,18 @@ class _Emitter:
         if lang.barrier: self.line(lang.barrier)
       elif op is UOps.DEFINE_ACC:
         r[u] = v = self.fresh("acc")
+        dt = dtype_of(u)
         self.line(f"{lang.render_value_dtype(dt)} {v} = {lang.render_const(u.arg[0], dt)};")
       elif op is UOps.PHI:
         self.line(f"{r[src[0]]} = {r[src[1]]};")
         r[u] = r[src[0]]
       elif op is UOps.STORE: self.store(u)
-      elif op is UOps.CAST: self.value(u, lang.render_cast(r[src[0]], src[0].dtype, dt), uses.get(u, 0))
-      elif op is UOps.BITCAST: self.value(u, lang.render_bitcast(r[src[0]], src[0].dtype, dt), uses.get(u, 0))
-      elif op is UOps.VECTORIZE: self.value(u, lang.render_vectorize(dt, [r[s] for s in src]), uses.get(u, 0))
-      elif op is UOps.GEP: self.value(u, lang.render_gep(r[src[0]], u.arg, src[0].dtype), uses.get(u, 0))
+      elif op is UOps.CAST:
+        self.value(u, lang.render_cast(r[src[0]], dtype_of(src[0]), dtype_of(u)), uses.get(u, 0))
+      elif op is UOps.BITCAST:
+        self.value(u, lang.render_bitcast(r[src[0]], dtype_of(src[0]), dtype_of(u)), uses.get(u, 0))
+      elif op is UOps.VECTORIZE: self.value(u, lang.render_vectorize(dtype_of(u), [r[s] for s in src]), uses.get(u, 0))
+      elif op is UOps.GEP: self.value(u, lang.render_gep(r[src[0]], u.arg, dtype_of(src[0])), uses.get(u, 0))
       elif op is UOps.WMMA: self.value(u, lang.render_wmma(u, [r[s] for s in src]), 2)
       elif op is UOps.SINK: pass
       else: raise UnsupportedError(f"{lang.dialect_name} can't render {op.name}")
@@ -399,18 +409,18 @@ class _Emitter:
 
   def load(self, u: UOp) -> None:
     lang, r, src = self.lang, self.r, u.src
-    buf, buf_dt = src[0], src[0].dtype
+    buf, buf_dt = src[0], dtype_of(src[0])
     if isinstance(buf_dt, ImageDType): expr = lang.render_image_load(u, [r[s] for s in src])
-    else: expr = lang.render_load(r[buf], r[src[1]], u.dtype, buf_dt)
+    else: expr = lang.render_load(r[buf], r[src[1]], dtype_of(u), buf_dt)
     if len(src) == 4: expr = f"({r[src[2]]}?{expr}:{r[src[3]]})"
     r[u] = v = self.fresh("val")
-    self.line(f"{self.value_dtype(u.dtype)} {v} = {expr};")
+    self.line(f"{self.value_dtype(dtype_of(u))} {v} = {expr};")
 
   def store(self, u: UOp) -> None:
     lang, r, src = self.lang, self.r, u.src
-    buf_dt = src[0].dtype
+    buf_dt = dtype_of(src[0])
     if isinstance(buf_dt, ImageDType): stmt = lang.render_image_store(u, [r[s] for s in src])
-    else: stmt = lang.render_store(r[src[0]], r[src[1]], r[src[2]], src[2].dtype, buf_dt)
+    else: stmt = lang.render_store(r[src[0]], r[src[1]], r[src[2]], dtype_of(src[2]), buf_dt)
     self.line(f"if ({r[src[3]]}) {{ {stmt} }}" if len(src) == 4 else stmt)
 
 # ***** the C dialect *****

@@ -9,7 +9,7 @@ from typing import Any
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.renderers import TensorCore
-from kernopt.renderers.cstyle import CStyleLanguage
+from kernopt.renderers.cstyle import CStyleLanguage, dtype_of
 from kernopt.uops import UOp, UOps
 
 CUDA_TENSOR_CORES = tuple(TensorCore(dims=(8, 16, 16), dtype_in=di, dtype_out=dtypes.float,
@@ -150,7 +150,7 @@ class CUDARenderer(CStyleLanguage):
       raise UnsupportedError(f"{self.dialect_name} has no tensor core {arg.name} (dims {arg.dims}, "
                              f"{arg.dtype_in} -> {arg.dtype_out})")
     if int(self.arch[3:]) < 80: raise UnsupportedError(f"{self.dialect_name}: {arg.name} needs sm_80, not {self.arch}")
-    a_t, b_t, c_t = (self.render_dtype(s.dtype) for s in u.src)
+    a_t, b_t, c_t = (self.render_dtype(dtype_of(s)) for s in u.src)
     kind = "f16" if arg.dtype_in == dtypes.half else "bf16"
     name = f"ko_mma_m16n8k16_{kind}_f32"
     regs = "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3}"

@@ -1,9 +1,8 @@
 """Lane packing for the native C profile. The upcast expansion leaves W scalar lanes per op; GCC's SLP vectorizer
 does not start from loop-carried accumulators, so this pass packs them itself: contiguous LOADs and STOREs, the ALU
 ops between them, their accumulators and PHIs become one vector op of W lanes each, lane l computing exactly the
-scalar op it replaces (same operands, same order). A lane read by an unpacked op is read back with a GEP (a load's
-lanes also stay as scalar loads).
-Works on a linearized UOp list and returns one. Imports dtype, ops and uops."""
+scalar op it replaces (same operands, same order). A lane read by an unpacked op is read back with a GEP; scalar lanes
+nothing reads any more are dropped. Works on a linearized UOp list and returns one. Imports dtype, ops and uops."""
 from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -13,7 +12,8 @@ from kernopt.ops import BinaryOps, TernaryOps
 from kernopt.uops import UOp, UOps
 
 # enum members as module constants (attribute lookups on the enum classes cost ~0.1 us each in hot loops)
-_ALU, _BITCAST, _CAST, _CONST, _DEFINE_ACC, _DEFINE_GLOBAL = UOps.ALU, UOps.BITCAST, UOps.CAST, UOps.CONST, UOps.DEFINE_ACC, UOps.DEFINE_GLOBAL
+_ALU, _BITCAST, _CAST, _CONST = UOps.ALU, UOps.BITCAST, UOps.CAST, UOps.CONST
+_DEFINE_ACC, _DEFINE_GLOBAL = UOps.DEFINE_ACC, UOps.DEFINE_GLOBAL
 _ENDIF, _ENDRANGE, _GEP, _IF, _LOAD, _PHI = UOps.ENDIF, UOps.ENDRANGE, UOps.GEP, UOps.IF, UOps.LOAD, UOps.PHI
 _RANGE, _STORE, _VECTORIZE = UOps.RANGE, UOps.STORE, UOps.VECTORIZE
 _ADD, _WHERE = BinaryOps.ADD, TernaryOps.WHERE

@@ -33,8 +33,8 @@ def _add(a: Node, b: sint) -> Node:
   if b == 0: return a
   if a.min == a.max: return NumNode(a.min + b)
   if type(a) is not SumNode: return SumNode((a, NumNode(b)))
-  *ts, last = a.nodes  # type: ignore
-  if type(last) is not NumNode: return SumNode((*a.nodes, NumNode(b)))  # type: ignore
+  *ts, last = a.nodes
+  if type(last) is not NumNode: return SumNode((*a.nodes, NumNode(b)))
   if last.b + b: return SumNode((*ts, NumNode(last.b + b)))
   return SumNode(ts) if len(ts) > 1 else ts[0]
 
@@ -47,12 +47,14 @@ class Node:
   __slots__ = ("min", "max", "_hash", "_key")
   min: int
   max: int
+  _hash: int
+  _key: Optional[str]
 
   def _fields(self) -> tuple: raise NotImplementedError
   def __hash__(self) -> int: return self._hash
   def __eq__(self, other: object) -> bool:
     if self is other: return True
-    return type(other) is type(self) and self._hash == other._hash and self._fields() == other._fields()  # type: ignore
+    return type(other) is type(self) and self._hash == other._hash and self._fields() == other._fields()
   def __repr__(self) -> str: return f"<{self.render(ctx='DEBUG')}>"
 
   def render(self, ops: Optional[RenderOps] = None, ctx: Any = None) -> Any:
@@ -72,10 +74,10 @@ class Node:
     while stack:
       n = stack.pop()
       if type(n) is Variable: out.add(n)
-      elif type(n) in (SumNode, AndNode): stack.extend(n.nodes)  # type: ignore
-      elif type(n) is not NumNode:
-        stack.append(n.a)  # type: ignore
-        if isinstance(n.b, Node): stack.append(n.b)  # type: ignore
+      elif isinstance(n, _ListNode): stack.extend(n.nodes)
+      elif isinstance(n, _BinNode):
+        stack.append(n.a)
+        if isinstance(n.b, Node): stack.append(n.b)
     return out
   def substitute(self, var_vals: dict[Variable, Union[Node, int]]) -> Node: raise NotImplementedError
   def _eval(self, env: dict[Variable, int]) -> int: raise NotImplementedError
@@ -111,7 +113,7 @@ class Node:
       elif n.min == n.max: const += n.min
       else: terms.append(n)
     if len(terms) > 1:
-      bases = [t.a if type(t) is MulNode and type(t.b) is int else t for t in terms]  # type: ignore
+      bases = [t.a if type(t) is MulNode and type(t.b) is int else t for t in terms]
       # equal bases have equal hashes, so distinct hashes mean nothing to merge
       if len({b._hash for b in bases}) < len(bases): terms = _merge_terms(terms, bases)
     if not terms: return NumNode(const)
@@ -125,7 +127,7 @@ class Node:
     out: list[Node] = []
     for n in nodes:
       if not isinstance(n, Node): n = NumNode(_sint(n, "ands"))  # type: ignore
-      for m in (n.nodes if type(n) is AndNode else (n,)):  # type: ignore
+      for m in (n.nodes if type(n) is AndNode else (n,)):
         if m.min > 0 or m.max < 0: continue
         if m.min == m.max: return NumNode(0)
         if m not in out: out.append(m)
@@ -153,6 +155,7 @@ class NumNode(Node):
 class Variable(Node):
   """A named integer in [nmin, nmax]. Binding a value keeps its identity: a bound Variable == its unbound one."""
   __slots__ = ("expr", "_val")
+  _val: Optional[int]
   def __init__(self, expr: str, nmin: int, nmax: int):
     if not (isinstance(expr, str) and isinstance(nmin, int) and isinstance(nmax, int) and nmin <= nmax):
       raise ShapeError(f"Variable({expr!r}, {nmin!r}, {nmax!r}) needs a str name and int bounds with min <= max")
@@ -181,15 +184,17 @@ class Variable(Node):
 
 class _BinNode(Node):
   __slots__ = ("a", "b")
+  a: Node
+  b: sint
   def _fields(self) -> tuple: return (self.a, self.b)
   __hash__ = Node.__hash__
   def _set(self, a: Node, b: sint, lo: int, hi: int) -> None:
     self.a, self.b, self.min, self.max, self._key = a, b, lo, hi, None
     self._hash = hash((type(self).__name__, a._hash, hash(b)))
   def _sub(self, var_vals: dict[Variable, Union[Node, int]]) -> tuple[Node, sint]:
-    b = self.b if type(self.b) is int else self.b.substitute(var_vals)  # type: ignore
+    b = self.b.substitute(var_vals) if isinstance(self.b, Node) else self.b
     return self.a.substitute(var_vals), b
-  def _evb(self, env: dict[Variable, int]) -> int: return self.b if type(self.b) is int else self.b._eval(env)  # type: ignore
+  def _evb(self, env: dict[Variable, int]) -> int: return self.b._eval(env) if isinstance(self.b, Node) else self.b
 
 def _check_divisor(a: Node, b: Any, op: str) -> None:
   if isinstance(b, Node) and b.min <= 0:
@@ -199,10 +204,10 @@ def _check_divisor(a: Node, b: Any, op: str) -> None:
 class MulNode(_BinNode):
   __slots__ = ()
   def __init__(self, a: Node, b: sint):
-    if type(b) is int: lo, hi = (a.min * b, a.max * b) if b >= 0 else (a.max * b, a.min * b)
-    else:
-      c = (a.min * b.min, a.min * b.max, a.max * b.min, a.max * b.max)  # type: ignore
+    if isinstance(b, Node):
+      c = (a.min * b.min, a.min * b.max, a.max * b.min, a.max * b.max)
       lo, hi = min(c), max(c)
+    else: lo, hi = (a.min * b, a.max * b) if b >= 0 else (a.max * b, a.min * b)
     self._set(a, b, lo, hi)
   def substitute(self, var_vals: dict[Variable, Union[Node, int]]) -> Node:
     a, b = self._sub(var_vals)
@@ -215,7 +220,7 @@ class DivNode(_BinNode):
   def __init__(self, a: Node, b: sint):
     _check_divisor(a, b, "//")
     if a.min < 0: raise ShapeError(f"DivNode({a.key}, {b}) needs a non-negative numerator; build it with //")
-    lo, hi = (a.min // b, a.max // b) if type(b) is int else (a.min // b.max, a.max // b.min)  # type: ignore
+    lo, hi = (a.min // b.max, a.max // b.min) if isinstance(b, Node) else (a.min // b, a.max // b)
     self._set(a, b, lo, hi)
   def substitute(self, var_vals: dict[Variable, Union[Node, int]]) -> Node:
     a, b = self._sub(var_vals)
@@ -229,7 +234,7 @@ class ModNode(_BinNode):
     _check_divisor(a, b, "%")
     if a.min < 0: raise ShapeError(f"ModNode({a.key}, {b}) needs a non-negative numerator; build it with %")
     if type(b) is int and a.min // b == a.max // b: lo, hi = a.min % b, a.max % b
-    else: lo, hi = 0, min(a.max, (b if type(b) is int else b.max) - 1)  # type: ignore
+    else: lo, hi = 0, min(a.max, (b.max if isinstance(b, Node) else b) - 1)
     self._set(a, b, lo, hi)
   def substitute(self, var_vals: dict[Variable, Union[Node, int]]) -> Node:
     a, b = self._sub(var_vals)
@@ -240,7 +245,7 @@ class LtNode(_BinNode):
   """1 if a < b else 0."""
   __slots__ = ()
   def __init__(self, a: Node, b: sint):
-    bmin, bmax = (b, b) if type(b) is int else (b.min, b.max)  # type: ignore
+    bmin, bmax = (b.min, b.max) if isinstance(b, Node) else (b, b)
     self._set(a, b, int(a.max < bmin), int(a.min < bmax))
   def substitute(self, var_vals: dict[Variable, Union[Node, int]]) -> Node:
     a, b = self._sub(var_vals)
@@ -249,6 +254,7 @@ class LtNode(_BinNode):
 
 class _ListNode(Node):
   __slots__ = ("nodes",)
+  nodes: tuple[Node, ...]
   def _fields(self) -> tuple: return self.nodes
   __hash__ = Node.__hash__
   def _set(self, nodes: Iterable[Node], lo: int, hi: int) -> None:
@@ -303,7 +309,7 @@ def _small_split(terms: list[Node], const: int, b: int) -> Optional[tuple[int, N
   return None
 
 def _const_split(a: SumNode) -> tuple[list[Node], int]:
-  if type(a.nodes[-1]) is NumNode: return list(a.nodes[:-1]), a.nodes[-1].b  # type: ignore
+  if type(a.nodes[-1]) is NumNode: return list(a.nodes[:-1]), a.nodes[-1].b
   return list(a.nodes), 0
 
 def _exact_quot(a: Node, b: Node) -> Optional[Node]:
@@ -339,13 +345,12 @@ def _div(a: Node, b: sint) -> Node:
     k = _ceildiv(-a.min, b)
     return _div(a + k * b, b) - k
   if a.min // b == a.max // b: return NumNode(a.min // b)
-  t = type(a)
-  if t is MulNode and type(a.b) is int:
+  if type(a) is MulNode and type(a.b) is int:
     g = gcd(a.b, b)
     if g > 1: return _div(_mul(a.a, a.b // g), b // g)
-  elif t is DivNode: return _div(a.a, a.b * b)
-  elif t is SumNode:
-    r = _div_sum(a, b)  # type: ignore
+  elif type(a) is DivNode: return _div(a.a, a.b * b)
+  elif type(a) is SumNode:
+    r = _div_sum(a, b)
     if r is not None: return r
   return DivNode(a, b)
 
@@ -372,16 +377,15 @@ def _mod(a: Node, b: sint) -> Node:
   if a.min < 0: return _mod(a + _ceildiv(-a.min, b) * b, b)
   q = a.min // b
   if q == a.max // b: return a - q * b
-  t = type(a)
-  if t is MulNode and type(a.b) is int:
+  if type(a) is MulNode and type(a.b) is int:
     c = a.b % b
     if c == 0: return NumNode(0)
     g = gcd(c, b)
     if g > 1: return _mul(_mod(_mul(a.a, c // g), b // g), g)
     if c != a.b: return _mod(_mul(a.a, c), b)
-  elif t is ModNode and type(a.b) is int and a.b % b == 0: return _mod(a.a, b)
-  elif t is SumNode:
-    r = _mod_sum(a, b)  # type: ignore
+  elif type(a) is ModNode and type(a.b) is int and a.b % b == 0: return _mod(a.a, b)
+  elif type(a) is SumNode:
+    r = _mod_sum(a, b)
     if r is not None: return r
   return ModNode(a, b)
 
@@ -410,11 +414,10 @@ def _lt(a: Node, b: sint) -> Node:
     return LtNode(a, b)
   if a.max < b: return NumNode(1)
   if a.min >= b: return NumNode(0)
-  t = type(a)
-  if t is MulNode and type(a.b) is int and a.b > 0: return _lt(a.a, _ceildiv(b, a.b))
-  if t is DivNode and type(a.b) is int: return _lt(a.a, b * a.b)
-  if t is SumNode:
-    terms, const = _const_split(a)  # type: ignore
+  if type(a) is MulNode and type(a.b) is int and a.b > 0: return _lt(a.a, _ceildiv(b, a.b))
+  if type(a) is DivNode and type(a.b) is int: return _lt(a.a, b * a.b)
+  if type(a) is SumNode:
+    terms, const = _const_split(a)
     if const: return _lt(Node.sum(terms), b - const)
     g = gcd(*(_split(t)[1] for t in terms))
     if g > 1: return _lt(Node.sum([_mul(_split(t)[0], _split(t)[1] // g) for t in terms]), _ceildiv(b, g))
@@ -435,7 +438,7 @@ def sym_infer(x: sint, var_vals: dict[Variable, int]) -> int:
   """The value of x; variables missing from var_vals use their bound value."""
   return x if isinstance(x, int) else x._eval(var_vals)
 
-def _r(x: sint, ops: RenderOps, ctx: Any) -> Any: return str(x) if type(x) is int else x.render(ops, ctx)  # type: ignore
+def _r(x: sint, ops: RenderOps, ctx: Any) -> Any: return x.render(ops, ctx) if isinstance(x, Node) else str(x)
 
 def _render_var(n: Variable, ops: RenderOps, ctx: Any) -> str:
   if ctx != "DEBUG": return n.expr

@@ -5,7 +5,7 @@ Imports only kernopt.errors, kernopt.helpers and kernopt.shape.symbolic."""
 from __future__ import annotations
 import functools, operator
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, TypeGuard, cast
 from kernopt.errors import ShapeError
 from kernopt.helpers import prod
 from kernopt.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint, sym_infer
@@ -15,7 +15,7 @@ Mask = tuple[tuple[sint, sint], ...]
 # ***** helpers on sints: ints compare directly, Nodes only by what their bounds prove *****
 
 def _canon(x: sint) -> sint: return x.b if type(x) is NumNode else x
-def _is_int(x: Any) -> bool: return type(x) is int
+def _is_int(x: Any) -> TypeGuard[int]: return type(x) is int
 def _same(a: sint, b: sint) -> bool: return a == b if type(a) is type(b) else False
 
 def _le(a: sint, b: sint) -> bool:
@@ -23,13 +23,13 @@ def _le(a: sint, b: sint) -> bool:
   if type(a) is int and type(b) is int: return a <= b
   if _same(a, b): return True
   d = b - a
-  return (d if type(d) is int else d.min) >= 0
+  return (d.min if isinstance(d, Node) else d) >= 0
 
 def _lt(a: sint, b: sint) -> bool:
   """a < b is provable."""
   if type(a) is int and type(b) is int: return a < b
   d = b - a
-  return (d if type(d) is int else d.min) > 0
+  return (d.min if isinstance(d, Node) else d) > 0
 
 def _smax(a: sint, b: sint) -> sint:
   if _le(b, a): return a
@@ -179,6 +179,11 @@ def _split_interval(shape: Sequence[int], lo: int, hi: int) -> Optional[list[tup
 def _reshape_mask(shape: tuple[sint, ...], mask: Mask, new_shape: tuple[sint, ...]) -> Optional[Mask]:
   """mask (not empty) expressed over new_shape, or None when the valid box does not stay a box."""
   if not all(_is_int(x) for x in shape + new_shape) or not all(_is_int(x) for m in mask for x in m): return None
+  return _reshape_int_mask(cast(tuple[int, ...], shape), cast(tuple[tuple[int, int], ...], mask),
+                           cast(tuple[int, ...], new_shape))
+
+def _reshape_int_mask(shape: tuple[int, ...], mask: tuple[tuple[int, int], ...],
+                      new_shape: tuple[int, ...]) -> Optional[Mask]:
   old = [(s, m) for s, m in zip(shape, mask) if s != 1]
   new = [i for i, s in enumerate(new_shape) if s != 1]
   ret: list[tuple[int, int]] = [(0, 1)] * len(new_shape)
@@ -217,8 +222,8 @@ class View:
        (mask is not None and (type(mask) is not tuple or any(type(m) is not tuple for m in mask))):
       shape = _as_shape(shape, "View.create", ())
       strides = None if strides is None else tuple(strides)
-      mask = None if mask is None else tuple(tuple(m) for m in mask)
-    return _create(shape, strides, offset, mask)  # type: ignore
+      mask = None if mask is None else tuple((*m,) for m in mask)
+    return _create(shape, strides, offset, mask)
 
   def __hash__(self) -> int:
     h = self.__dict__.get("_hash")
@@ -380,8 +385,10 @@ def _affine(x: Node) -> Optional[tuple[Node, int, int]]:
   """x as c*a + k for an atom a (a Node that is neither a sum nor a constant) and ints c != 0 and k, or None."""
   k = 0
   if type(x) is SumNode:
-    if len(x.nodes) != 2 or type(x.nodes[1]) is not NumNode: return None
-    x, k = x.nodes[0], x.nodes[1].b
+    if len(x.nodes) != 2: return None
+    first, last = x.nodes
+    if type(last) is not NumNode: return None
+    x, k = first, last.b
   if type(x) is MulNode and type(x.b) is int: return x.a, x.b, k
   return (x, 1, k) if type(x) not in (SumNode, NumNode) else None
 
@@ -392,7 +399,7 @@ def valid_node(conds: Sequence[tuple[Node, sint, sint]], valid: Optional[Node] =
   rest: list[Node] = [] if valid is None else [valid]
   for x, b, e in conds:
     aff = _affine(x) if type(b) is int and type(e) is int else None
-    if aff is None:
+    if aff is None or not isinstance(b, int) or not isinstance(e, int):
       rest += [x.ge(b), x.lt(e)]
       continue
     v, c, k = aff
@@ -439,8 +446,9 @@ def _check_same_size(shape: tuple[sint, ...], new_shape: tuple[sint, ...]) -> No
 def _equal_at_bounds(a: sint, b: sint) -> bool:
   """a == b at the bound values when every variable is bound, else with unbound variables at their min and max."""
   vs = (a.vars() if isinstance(a, Node) else set()) | (b.vars() if isinstance(b, Node) else set())
-  if all(v.val is not None for v in vs): envs = [{v: v.val for v in vs}]
-  else: envs = [{v: v.val if v.val is not None else getattr(v, k) for v in vs} for k in ("min", "max")]
+  bound = {v: v.val for v in vs if v.val is not None}
+  if len(bound) == len(vs): envs = [bound]
+  else: envs = [{v: bound[v] if v in bound else getattr(v, k) for v in vs} for k in ("min", "max")]
   return all(sym_infer(a, env) == sym_infer(b, env) for env in envs)
 
 @cache
@@ -487,10 +495,12 @@ def _project_mask(vm2: View, vm1: View, origin: list[int], terms: list[list[tupl
                   strides: list[int]) -> Optional[View]:
   """The merge when vm2 has a mask: each vm2 axis that vm1 can leave must follow one vm1 axis, whose valid range
   then shrinks to keep it inside; the merge is retried with that mask on vm1."""
-  if not all(_is_int(x) for m in vm2.mask for x in m): return None  # type: ignore
-  newb, newe, bad = [0] * len(vm1.shape), list(vm1.shape), False
-  for d2, ((b, e), o) in enumerate(zip(vm2.mask, origin)):  # type: ignore
-    tlo, thi = _term_bounds(terms[d2], o, vm1.shape)  # type: ignore
+  if vm2.mask is None or not all(_is_int(x) for m in vm2.mask for x in m): return None
+  # merge_views only gets here with int shapes and strides on both views and an int mask on vm2
+  mask2, shape1 = cast(tuple[tuple[int, int], ...], vm2.mask), cast(tuple[int, ...], vm1.shape)
+  newb, newe, bad = [0] * len(shape1), list(shape1), False
+  for d2, ((b, e), o) in enumerate(zip(mask2, origin)):
+    tlo, thi = _term_bounds(terms[d2], o, shape1)
     if b <= tlo and thi < e: continue
     if not terms[d2]: return _empty(vm1.shape) if vm1.shape else None  # a fixed position outside the mask
     if len(terms[d2]) != 1:

@@ -1,0 +1,16 @@
+"""The core type-checks: mypy (config and pending-module overrides in pyproject.toml) reports no errors on it."""
+import importlib.util, pathlib, subprocess, sys
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CORE = ["kernopt/dtype.py", "kernopt/helpers.py", "kernopt/errors.py", "kernopt/shape", "kernopt/ops.py",
+        "kernopt/uops.py", "kernopt/renderers/__init__.py", "kernopt/renderers/cstyle.py", "kernopt/renderers/cuda.py",
+        "kernopt/renderers/metal.py", "kernopt/renderers/amd.py", "kernopt/uopgraph.py", "kernopt/lowerer.py",
+        "kernopt/opt.py", "kernopt/heuristics.py", "kernopt/kernel.py"]
+
+@pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (it is in the test extra)")
+def test_core_is_mypy_clean():
+  cmd = [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), *CORE]
+  res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0, f"mypy found errors in the core:\n{res.stdout}{res.stderr}"
+  assert "Success" in res.stdout, res.stdout
