@@ -226,6 +226,45 @@ def test_masked_loads_off_gathers():
   src = protocol(get("conv2d", "large").ast, r).to_program().src
   assert "ko_mload" not in src and "float8 vec" in src
 
+def _run_matmul(case, renderer, dev):
+  k = protocol(case.ast, renderer)
+  prg = k.to_program()
+  ins = case.inputs(np.random.default_rng(13))
+  bufs = {b.idx: Buffer("CPU", b.numel, b.dtype) for b in case.buffers}
+  for b in case.buffers:
+    if not b.output: bufs[b.idx].copyin(ins[b.idx])
+  dev.compile(prg)(*[bufs[i] for i in sorted(bufs)])
+  return prg.src, bufs[0].numpy(), case.reference(ins, {})[0].reshape(-1)
+
+@needs_cc
+@pytest.mark.parametrize("name,threads", [("matmul_64", 1), ("matmul_512", 2)])
+def test_reduce_blocks_bit_identical(name, threads):
+  """The interchanged matmul's reduce split into blocks, the accumulators carried through the output between blocks:
+  the same additions in the same order, so the same bits as the unsplit kernel."""
+  case, dev = get(name, "large" if name == "matmul_512" else "small"), Device.open("CPU", threads=threads,
+                                                                                   min_parallel_work=0)
+  k_len = case.buffers[1].numel // 64 if name == "matmul_64" else 512
+  res = []
+  for steps in (k_len // 4, 0):
+    r = NativeCRenderer(vector_width=8, threads=threads, min_parallel_work=0)
+    r.reduce_block = steps
+    res.append(_run_matmul(case, r, dev))
+  (blocked_src, blocked, want), (plain_src, plain, _) = res
+  assert f"*{k_len // 4}; " in blocked_src and "?ko_vload_reg_float8(data0+" in blocked_src.replace(" ", "")
+  assert "data0+" not in plain_src.split("for (int32_t ridx")[-1].split("memcpy(data0")[0]  # unsplit: no reload
+  assert blocked.tobytes() == plain.tobytes()
+  np.testing.assert_allclose(blocked[:want.size], want, rtol=1e-3, atol=1e-3)
+
+def test_reduce_block_needs_four_blocks_and_the_interchange():
+  from kernopt.renderers.native import block_reduce, interchange_outer_loops
+  uops = pack_lanes(interchange_outer_loops(lin("matmul_1024", scale="large")), 8)
+  new, info = block_reduce(uops, 256)
+  # + 2 consts and the block RANGE, its ENDRANGE, the "block > 0" gate, 8 reloads and their PHIs
+  assert info is not None and info[2] == 256 and len(new) == len(uops) + 3 + 1 + 1 + 2 * 8
+  assert block_reduce(uops, 512) == (uops, None)  # 2 blocks: not worth it
+  ew = lin("add", scale="large")
+  assert block_reduce(ew, 256) == (ew, None)
+
 # ***** the whole small catalogue on the native multi-core device *****
 
 CASES = [c.name for c in catalogue.catalogue("small")]

@@ -42,7 +42,7 @@ class OpenCLRenderer(CStyleLanguage):
   has_shared = True
   supports_float4 = True
   global_max = (0x8FFFFFFF,) * 3
-  local_max = (0x8FFFFFFF,) * 3
+  local_max: Optional[tuple[int, ...]] = (0x8FFFFFFF,) * 3
   shared_max = 32768
   supports_images = True
   has_fp16 = False
@@ -96,9 +96,9 @@ class OpenCLRenderer(CStyleLanguage):
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
     fp64, fp16, images = getattr(_render_state, "flags", (False, False, False))
     pragmas = [f"#pragma OPENCL EXTENSION cl_khr_{ext} : enable" for ext, on in (("fp64", fp64), ("fp16", fp16)) if on]
-    # OpenCL C lets the compiler fuse a*b+c into one rounding by default; the CPU profile rounds each op as the op
-    # table says (PoCL fuses the packed vector ops too)
-    if self.vector_width > 1: pragmas.append("#pragma OPENCL FP_CONTRACT OFF")
+    # OpenCL C lets the compiler fuse a*b+c into one rounding by default; every profile rounds each op as the op
+    # table says, as the C (-ffp-contract=off) and CUDA (--fmad=false) devices do
+    pragmas.append("#pragma OPENCL FP_CONTRACT OFF")
     return super().render_kernel(name, params, body, pragmas + preamble + [_SAMPLER] * images)
 
   # ***** types and values *****
