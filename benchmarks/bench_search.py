@@ -27,7 +27,7 @@ def figure(w: Workload, seconds: float) -> str:
 
 def run_workload(w: Workload, dev, workers: int, repeats: int, budget: float) -> dict:
   inputs = w.inputs(np.random.default_rng(0))
-  bufs = [Buffer("CPU", n, dtypes.float32).copyin(inputs[i] if i in inputs else np.zeros(n, np.float32))
+  bufs = [Buffer(dev.name, n, dtypes.float32).copyin(inputs[i] if i in inputs else np.zeros(n, np.float32))
           for i, n in w.buffers]
   start = Kernel(w.build(), opts=dev.renderer)
   hand = start.copy()
@@ -49,15 +49,26 @@ def main() -> None:
   ap.add_argument("--workers", type=int, default=2)
   ap.add_argument("--repeats", type=int, default=7)
   ap.add_argument("--scale", type=float, default=1.0, help="multiply every time budget")
+  ap.add_argument("--device", default="CPU", help="CPU (one thread) or OPENCL")
+  ap.add_argument("--budget", type=float, default=None, help="one time budget (s) for every workload")
   args = ap.parse_args()
-  dev = Device.open("CPU", threads=1)
+  dev = Device.open("CPU", threads=1) if args.device.upper() == "CPU" else Device.open(args.device)
+  if args.budget is not None: BUDGETS.update({k: args.budget for k in BUDGETS})
+  src, dst = np.ones(16 << 20, np.float32), np.empty(16 << 20, np.float32)
+  copies = []
+  for _ in range(7):
+    st = time.perf_counter()
+    np.copyto(dst, src)
+    copies.append(time.perf_counter() - st)
   ws = workloads()
   rows = []
   with tempfile.TemporaryDirectory(prefix="kernopt-bench-search-") as cache, config_override(CACHE_DIR=cache):
     for name in args.workloads.split(","):
       w = ws[name]
       rows.append(run_workload(w, dev, args.workers, args.repeats, BUDGETS.get(name, 10.0) * args.scale))
-  print(f"\nCPU, one thread, {dev.compiler_id().split(' | ')[1]}; medians of {args.repeats} interleaved runs")
+  where = f"CPU, one thread, {dev.compiler_id().split(' | ')[1]}" if dev.name == "CPU" else dev.compiler_id()
+  print(f"\n{where}; medians of {args.repeats} interleaved runs; copy bandwidth (np.copyto 64 MiB, read+write) "
+        f"{2 * src.nbytes / statistics.median(copies) * 1e-9:.1f} GB/s")
   print(f"{'':3} {'workload':34} {'hand-coded':>16} {'searched':>16} {'speedup':>7} {'budget':>6} {'wall':>6} "
         f"{'compiled':>8} {'timed':>5}  searched opts")
   for r in rows:
