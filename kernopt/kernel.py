@@ -713,10 +713,8 @@ class Kernel:
     cfg = getconfig()
     modified = self.get_optimized_ast()
     if cfg.DEBUG >= 3:
-      print(self.name)
-      printer = getattr(ops, "print_tree", None)
-      if printer is not None: printer(modified)
-      else: print(modified)
+      print(f"{self.colored_shape()}  {self.name}  opts={list(self.applied_opts)}")
+      ops.print_tree(modified)
     sink = lower(modified, self.opts)
     self.uops: list[Any] = linearize_uops(sink, self.opts)
     self.global_size: Optional[list[sint]] = None

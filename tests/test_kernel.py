@@ -296,6 +296,18 @@ def test_to_program_signature_on_cpu(capsys):
   assert p.vars == () and p.uops == tuple(k.uops) and p.op_estimate > 0 and p.mem_estimate > 0
   assert capsys.readouterr().out == ""  # DEBUG=0 prints nothing
 
+@pytest.mark.parametrize("debug", [3, 4, 5])
+def test_debug_levels_print_as_the_spec(debug, capsys):
+  """DEBUG>=3: the name with its coloured shape, the applied opts and the optimized AST; >=4 the source too;
+  >=5 every uop as well."""
+  with config_override(DEBUG=debug):
+    k = protocol(ew_add(), "CPU")
+    p = k.to_program()
+  out = capsys.readouterr().out
+  assert k.name in out and "Opt(op=OptOps.UPCAST" in out and "STORE" in out
+  assert (p.src in out) == (debug >= 4)
+  assert ("UOp(DEFINE_GLOBAL" in out) == (debug >= 5)
+
 def test_to_program_launch_sizes_from_specials():
   k = protocol(ew_add(), "OPENCL")  # E_8192_32_4: one global axis of 8192, one local of 32
   p = k.to_program()
