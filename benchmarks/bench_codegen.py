@@ -85,7 +85,21 @@ def optimize_with(ast: Any, renderer: Any) -> Kernel:
   if not k.apply_tensor_cores(): k.hand_coded_optimizations()
   return k
 
+def core_lines() -> None:
+  """The size of the core (everything above runtime/, as DESIGN.md's table draws it): lines per module and in all."""
+  root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernopt")
+  counts = {}
+  for dirpath, _, files in os.walk(root):
+    if os.path.basename(dirpath) in ("runtime", "__pycache__"): continue
+    for f in files:
+      if f.endswith(".py") and f != "search.py":
+        path = os.path.join(dirpath, f)
+        with open(path) as fh: counts[os.path.relpath(path, root)] = sum(1 for line in fh if line.strip())
+  print("core lines (non-blank): " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda x: -x[1])))
+  print(f"core total: {sum(counts.values())} non-blank lines in {len(counts)} modules")
+
 def main() -> None:
+  core_lines()
   if len(sys.argv) > 1 and sys.argv[1] == "workloads":
     workload_phases(int(sys.argv[2]) if len(sys.argv) > 2 else 7)
     return
