@@ -51,3 +51,11 @@ def test_import_kernopt_pulls_in_no_third_party_module():
           "bad = [m for m in ('numpy', 'pyopencl', 'pycuda', 'cuda') if m in sys.modules]; print(bad)")
   out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
   assert out == "[]"
+
+def test_public_names_load_lazily():
+  """DESIGN.md's `from kernopt import Kernel, Device, Buffer` works, and only then is numpy imported."""
+  code = ("import sys, kernopt; before = 'numpy' in sys.modules; "
+          "from kernopt import Kernel, Opt, OptOps, Device, Buffer; "
+          "print(before, 'numpy' in sys.modules, Kernel.__module__, Device.DEFAULT, Buffer.__name__)")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+  assert out == ["False", "True", "kernopt.kernel", "CPU", "Buffer"]
