@@ -4,20 +4,18 @@ workitem_id_*, locals are `__attribute__((shared))`, barriers are s_barrier betw
 `_Float16` and bfloat16 a uint16 bit pattern, both computed in float and rounded per result; math goes through
 the device library's __ocml_* functions; vectors are ext_vector_type. Render only: nothing compiles it here."""
 from __future__ import annotations
-import threading
 from typing import Any
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.ops import TernaryOps, UnaryOps
 from kernopt.renderers import TensorCore
 from kernopt.renderers.cstyle import CStyleLanguage, dtype_of
-from kernopt.uops import UOp, UOps
+from kernopt.uops import UOp
 
 AMD_TENSOR_CORES = tuple(TensorCore(dims=(16, 16, 16), dtype_in=di, dtype_out=do,
                                     threads=((0, 8), (0, 2), (1, 2)), thread_local_sizes=((16,), (16,), (4, 2)))
                          for di, do in ((dtypes.half, dtypes.float), (dtypes.half, dtypes.half)))
 _XYZ = "xyz"
-_render_state = threading.local()   # the workgroup size bound of the render in progress
 _DEV = "__attribute__((device))"
 _SHORT = {"_Float16": "half", "signed char": "char", "unsigned char": "uchar", "unsigned short": "ushort",
           "unsigned int": "uint", "unsigned long": "ulong"}
@@ -61,17 +59,8 @@ class AMDRenderer(CStyleLanguage):
   code_for_op = {UnaryOps.EXP2: _ocml("exp2"), UnaryOps.LOG2: _ocml("log2"), UnaryOps.SIN: _ocml("sin"),
                  UnaryOps.SQRT: _ocml("sqrt"), TernaryOps.MULACC: _fma}
 
-  def render(self, name: str, uops: list[UOp]) -> str:
-    threads = 1
-    for u in uops:
-      if u.op is UOps.SPECIAL and u.arg[1].startswith("l") and isinstance(u.arg[2], int): threads *= u.arg[2]
-    outer = getattr(_render_state, "threads", None)
-    _render_state.threads = threads
-    try: return super().render(name, uops)
-    finally: _render_state.threads = outer
-
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
-    n = getattr(_render_state, "threads", 1) or 1
+    n = self.workgroup_threads()
     head = "\n".join([*self.includes, *preamble])
     return (f"{head}\n{self.kernel_prefix}void __attribute__((amdgpu_flat_work_group_size(1, {n}))) "
             f"{name}({', '.join(params)}) {{\n" + "\n".join(body) + "\n}\n")
@@ -127,12 +116,8 @@ class AMDRenderer(CStyleLanguage):
       return self.from_storage(f"((_Float16)({x}))", dst)   # clang converts to _Float16 with one rounding
     return super().render_cast(x, src, dst)
 
-  def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
-    if src.count > 1 or dst.count > 1 or src.itemsize != dst.itemsize:
-      raise UnsupportedError(f"{self.dialect_name} can't bitcast {src} to {dst}")
-    if dst == dtypes.bool: return f"({x}!=0)"
-    if src == dtypes.bool: return f"(({self.render_dtype(dst)}){x})"
-    return self.from_storage(f"__builtin_bit_cast({self.render_dtype(dst)}, {self.to_storage(x, src)})", dst)
+  def bitcast_bits(self, x: str, src: DType, dst: DType) -> str:
+    return f"__builtin_bit_cast({self.render_dtype(dst)}, {x})"
 
   # ***** tensor cores *****
 

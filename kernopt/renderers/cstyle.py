@@ -172,9 +172,12 @@ class CStyleLanguage(Renderer):
       raise UnsupportedError(f"{self.dialect_name} can't bitcast {src} to {dst}")
     if dst == dtypes.bool: return f"({x}!=0)"
     if src == dtypes.bool: return f"(({self.render_dtype(dst)}){x})"
+    return self.from_storage(f"({self.bitcast_bits(self.to_storage(x, src), src, dst)})", dst)
+
+  def bitcast_bits(self, x: str, src: DType, dst: DType) -> str:
+    """x, in src's memory representation, reinterpreted as dst's (same size, neither bool)."""
     union = f"union {{ {self.render_dtype(src)} a; {self.render_dtype(dst)} b; }}"
-    bits = f"(({union}){{ .a = {self.to_storage(x, src)} }}).b"
-    return self.from_storage(f"({bits})", dst)
+    return f"(({union}){{ .a = {x} }}).b"
 
   def to_storage(self, x: str, dt: DType) -> str:
     """x (held in dt's compute type) converted to dt's memory representation."""
@@ -284,10 +287,17 @@ class CStyleLanguage(Renderer):
     return ret
 
   def render(self, name: str, uops: list[UOp]) -> str:
-    outer = getattr(_state, "helpers", None)
+    outer = getattr(_state, "helpers", None), getattr(_state, "workgroup", 1)
     _state.helpers = {}
+    _state.workgroup = 1
+    for u in uops:
+      if u.op is UOps.SPECIAL and u.arg[1].startswith("l") and isinstance(u.arg[2], int): _state.workgroup *= u.arg[2]
     try: return _Emitter(self).emit(name, uops)
-    finally: _state.helpers = outer
+    finally: _state.helpers, _state.workgroup = outer
+
+  def workgroup_threads(self) -> int:
+    """The threads in one workgroup of the kernel being rendered: the product of its local sizes."""
+    return getattr(_state, "workgroup", 1) or 1
 
 @functools.lru_cache(None)
 def _merged_ops(cls: type) -> dict[ALUOp, Spelling]:

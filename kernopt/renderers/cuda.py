@@ -4,13 +4,12 @@ threadIdx for SPECIALs, `__shared__` arrays, `__syncthreads()`. half (<cuda_fp16
 results equal ops.exec_alu's. Vectors are CUDA's builtin float4-style types or small aligned structs; tensor cores
 are `mma.sync.m16n8k16` in inline PTX. Needs no CUDA header beyond those two (NVRTC-friendly)."""
 from __future__ import annotations
-import threading
 from typing import Any
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.renderers import TensorCore
 from kernopt.renderers.cstyle import CStyleLanguage, dtype_of
-from kernopt.uops import UOp, UOps
+from kernopt.uops import UOp
 
 CUDA_TENSOR_CORES = tuple(TensorCore(dims=(8, 16, 16), dtype_in=di, dtype_out=dtypes.float,
                                      threads=((0, 2), (0, 2), (1, 2), (1, 2), (0, 2)),
@@ -22,7 +21,6 @@ _BUILTIN_VEC = {dtypes.int8: "char", dtypes.uint8: "uchar", dtypes.int16: "short
                 dtypes.int32: "int", dtypes.uint32: "uint", dtypes.int64: "longlong", dtypes.uint64: "ulonglong",
                 dtypes.float32: "float", dtypes.float64: "double"}
 _FIELDS = "xyzw"
-_render_state = threading.local()   # __launch_bounds__ of the render in progress
 
 class CUDARenderer(CStyleLanguage):
   """CUDA C++ for nvcc or NVRTC. `arch` ("sm_80") selects the tensor cores (sm_80 and later)."""
@@ -58,17 +56,8 @@ class CUDARenderer(CStyleLanguage):
   def capabilities(self) -> dict:
     return {**super().capabilities(), "arch": self.arch}
 
-  def render(self, name: str, uops: list[UOp]) -> str:
-    threads = 1
-    for u in uops:
-      if u.op is UOps.SPECIAL and u.arg[1].startswith("l") and isinstance(u.arg[2], int): threads *= u.arg[2]
-    outer = getattr(_render_state, "threads", None)
-    _render_state.threads = threads
-    try: return super().render(name, uops)
-    finally: _render_state.threads = outer
-
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
-    bounds = getattr(_render_state, "threads", 1) or 1
+    bounds = self.workgroup_threads()
     head = "\n".join([*self.includes, *preamble])
     return f"{head}\n{self.kernel_prefix}void __launch_bounds__({bounds}) {name}({', '.join(params)}) {{\n" + \
       "\n".join(body) + "\n}\n"
@@ -131,16 +120,12 @@ class CUDARenderer(CStyleLanguage):
       return self.from_storage(f"{conv}((double){x})", dst)
     return super().render_cast(x, src, dst)
 
-  def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
-    if src.count > 1 or dst.count > 1 or src.itemsize != dst.itemsize:
-      raise UnsupportedError(f"{self.dialect_name} can't bitcast {src} to {dst}")
-    if dst == dtypes.bool: return f"({x}!=0)"
-    if src == dtypes.bool: return f"(({self.render_dtype(dst)}){x})"
+  def bitcast_bits(self, x: str, src: DType, dst: DType) -> str:
     s, d = self.render_dtype(src), self.render_dtype(dst)
     name = f"ko_bitcast_{self._suffix(src)}_{self._suffix(dst)}"
     body = f"{{ {d} r; __builtin_memcpy(&r, &x, sizeof(r)); return r; }}"
     self.helper(name, f"{self.helper_prefix} {d} {name}({s} x) {body}")
-    return self.from_storage(f"{name}({self.to_storage(x, src)})", dst)
+    return f"{name}({x})"
 
   # ***** tensor cores *****
 

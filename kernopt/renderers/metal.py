@@ -58,12 +58,8 @@ class MetalRenderer(CStyleLanguage):
       return self.round_storage(x, dst) if dtypes.is_float(src) else super().render_cast(x, src, dst)
     return super().render_cast(x, src, dst)
 
-  def render_bitcast(self, x: str, src: DType, dst: DType) -> str:
-    if src.count > 1 or dst.count > 1 or src.itemsize != dst.itemsize:
-      raise UnsupportedError(f"{self.dialect_name} can't bitcast {src} to {dst}")
-    if dst == dtypes.bool: return f"({x}!=0)"
-    if src == dtypes.bool: return f"(({self.render_dtype(dst)}){x})"
-    return self.from_storage(f"as_type<{self.render_dtype(dst)}>({self.to_storage(x, src)})", dst)
+  def bitcast_bits(self, x: str, src: DType, dst: DType) -> str:
+    return f"as_type<{self.render_dtype(dst)}>({x})"
 
   def f2i_helper(self, src: DType, dst: DType) -> str:
     """float -> int truncation with bounds that are exact powers of two in float (Metal has no double literals)."""
