@@ -9,10 +9,8 @@ from typing import Callable
 
 sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), p) for p in ("..", "../tests")]
 import numpy as np  # noqa: E402
-from catalogue import alu, buf, const, kernel, reduce, store, view  # noqa: E402
+from catalogue import alu, buf, const, conv2d_ast, kernel, reduce, store, view  # noqa: E402
 from kernopt.ops import BinaryOps, LazyOp, ReduceOps  # noqa: E402
-from kernopt.shape.shapetracker import ShapeTracker  # noqa: E402
-from kernopt.shape.view import View  # noqa: E402
 
 @dataclass(frozen=True)
 class Workload:
@@ -57,16 +55,7 @@ def matmul(name: str, M: int, N: int, K: int) -> Workload:
                   ((0, M * N), (1, M * K), (2, K * N)), lambda r: {1: _rand(r, M, K), 2: _rand(r, K, N)},
                   lambda x: (x[1] @ x[2]).reshape(-1), 2 * M * N * K, _nbytes(M * N, M * K, K * N), "compute", tol=1e-3)
 
-def _conv_ast(N: int, CI: int, H: int, W: int, CO: int) -> LazyOp:
-  """3x3, padding 1: out[n, co, y, x] = sum_{ci, ky, kx} pad(inp)[n, ci, y+ky, x+kx] w[co, ci, ky, kx] over the
-  full shape (N, CO, H, W, CI, 3, 3): a masked padding view under a window view of the padded input."""
-  Hp, Wp = H + 2, W + 2
-  full = (N, CO, H, W, CI, 3, 3)
-  padded = ShapeTracker.from_shape((N, CI, H, W)).pad(((0, 0), (0, 0), (1, 1), (1, 1)))
-  window = View.create(full, (CI * Hp * Wp, 0, Wp, 1, Hp * Wp, Wp, 1))
-  inp = buf(1, full, st=ShapeTracker(padded.views + (window,)))
-  wgt = buf(2, full, st=view(full, (0, CI * 9, 0, 0, 9, 3, 1)))
-  return kernel(store(reduce(ReduceOps.SUM, alu(BinaryOps.MUL, inp, wgt), (4, 5, 6))))
+_conv_ast = conv2d_ast   # 3x3, padding 1 (tests/catalogue.py)
 
 def _conv_ref(x: dict[int, np.ndarray], N: int, CI: int, H: int, W: int, CO: int) -> np.ndarray:
   xp = np.pad(x[1], ((0, 0), (0, 0), (1, 1), (1, 1)))

@@ -215,18 +215,21 @@ def _lowp_matmuls(M: int, N: int, K: int) -> list[Case]:
                      {"matmul", "reduce", "bfloat16", "tensor_core"}))
   return cases
 
-def _conv2d(S: dict) -> Case:
+def conv2d_ast(N: int, CI: int, H: int, W: int, CO: int) -> LazyOp:
   """out[n, co, y, x] = sum_{ci, ky, kx} pad(inp)[n, ci, y+ky, x+kx] * w[co, ci, ky, kx], 3x3 with padding 1, over
   the full shape (N, CO, H, W, CI, 3, 3). The input is padded by a masked view, then read through a window view
   (a second View over the padded tensor whose y/ky and x/kx axes share a stride)."""
-  N, CI, H, W, CO = S["conv"]
   Hp, Wp = H + 2, W + 2
   full = (N, CO, H, W, CI, 3, 3)
   padded = ShapeTracker.from_shape((N, CI, H, W)).pad(((0, 0), (0, 0), (1, 1), (1, 1)))
   window = View.create(full, (CI * Hp * Wp, 0, Wp, 1, Hp * Wp, Wp, 1))
   inp = buf(1, full, st=ShapeTracker(padded.views + (window,)))
   wgt = buf(2, full, st=view(full, (0, CI * 9, 0, 0, 9, 3, 1)))
-  ast = kernel(store(reduce(ReduceOps.SUM, alu(BinaryOps.MUL, inp, wgt), (4, 5, 6))))
+  return kernel(store(reduce(ReduceOps.SUM, alu(BinaryOps.MUL, inp, wgt), (4, 5, 6))))
+
+def _conv2d(S: dict) -> Case:
+  N, CI, H, W, CO = S["conv"]
+  ast = conv2d_ast(N, CI, H, W, CO)
   def ref(x: dict, v: dict) -> dict:
     xp = np.pad(x[1].astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
     out = np.zeros((N, CO, H, W))
