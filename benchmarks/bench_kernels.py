@@ -16,6 +16,9 @@ import time
 from typing import Any, Callable, Optional
 
 sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), p) for p in ("..", "../tests")]
+# numpy's OpenBLAS workers spin on the other core for ~0.1 s after each call, which takes that core from our next
+# (interleaved) launch; let them sleep after 4 time units instead (numpy then pays for waking them, as a caller would)
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 import numpy as np  # noqa: E402
 from workloads import Workload, workloads  # noqa: E402
 from kernopt.dtype import dtypes  # noqa: E402

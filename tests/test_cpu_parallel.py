@@ -121,3 +121,34 @@ def test_pool_repeated_and_concurrent_launches():
   for t in threads: t.start()
   for t in threads: t.join()
   assert not bad and all(o.numpy().tobytes() == want for o in outs)
+
+def test_short_outer_loop_collapsed_with_the_next():
+  """conv2d's outer loop (few channel tiles) is split together with the row loop inside it: one flat index, many
+  small chunks, every output element still computed by one thread in the same order."""
+  src1, one = run_case("conv2d", threads=1)
+  src3, pth = run_case("conv2d", threads=3, parallel="pthread")
+  assert "for (int64_t ridx0_f = " in src3 and "int32_t ridx1 = (int32_t)(0) + (int32_t)(ridx0_f % " in src3
+  assert all(a.tobytes() == b.tobytes() for a, b in zip(one, pth))
+  src2, _ = run_case("conv2d", threads=2, parallel="openmp")
+  assert "_f /" not in src2
+
+def test_collapse_rules():
+  """Only a non-reduce loop with constant bounds, nested right inside the parallel loop, and never a reduce block."""
+  from kernopt.renderers.native import block_reduce, interchange_outer_loops
+  from kernopt.renderers.vectorize import pack_lanes
+  r = NativeCRenderer(threads=2, min_parallel_work=0)
+  zero, four = UOp.const(dtypes.int32, 0), UOp.const(dtypes.int32, 4)
+  outer = UOp(UOps.RANGE, dtypes.int32, (zero, four), (0, False))
+  inner = UOp(UOps.RANGE, dtypes.int32, (zero, four), (1, False))
+  red = UOp(UOps.RANGE, dtypes.int32, (zero, four), (1, True))
+  def nest(i: UOp) -> list[UOp]:
+    return [zero, four, outer, i, UOp(UOps.ENDRANGE, None, (i,)), UOp(UOps.ENDRANGE, None, (outer,))]
+  assert r.collapsed_loop(nest(inner), outer) is inner
+  assert r.collapsed_loop(nest(red), outer) is None
+  assert NativeCRenderer(threads=2, parallel="openmp").collapsed_loop(nest(inner), outer) is None
+  case = get("matmul_1024", "large")
+  k = Kernel(case.ast, opts=r).required_optimizations().hand_coded_optimizations()
+  uops, info = block_reduce(pack_lanes(interchange_outer_loops(k.linearize().uops), 8), 256)
+  assert info is not None
+  r._blocked = info
+  assert r.collapsed_loop(uops, uops[next(i for i, u in enumerate(uops) if u.op is UOps.RANGE)]) is None
