@@ -13,7 +13,7 @@ if TYPE_CHECKING: from kernopt.kernel import Kernel
 
 ELEMENTWISE_LANES = 4    # scalar lanes per work-item of an elementwise kernel: PoCL vectorizes across work-items
 ELEMENTWISE_GROUP = 64   # work-items per work-group of an elementwise kernel
-TILE_GROUP = 8           # row blocks per work-group of a register-tiled reduce
+TILE_ROWS = 32           # rows of a register-tiled reduce per work-group (its row blocks run back to back)
 
 def _int(x: object) -> bool: return type(x) is int
 
@@ -82,24 +82,35 @@ def _elementwise(k: Kernel, width: int) -> bool:
   return True
 
 def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
-  """rows x (one or two vectors) accumulators, 8 vector registers in all; then the last reduce axis unrolled
-  (entirely when it is at most 3, a conv's window column; else by 4) and up to TILE_GROUP row blocks grouped."""
+  """A register tile of rows x (one or two vectors) accumulators, then the last reduce axis unrolled, then row blocks
+  grouped so that a work-group covers TILE_ROWS rows. A long reduce axis (K of a matmul) with two-vector rows gets
+  8 x 2 vector accumulators and an unroll of 2 (each streamed vector feeds 8 rows: +10-30% over 4 x 2 unrolled by 4,
+  for the same 256 products per step, so about the same codegen time); otherwise 8 vector accumulators and the axis
+  unrolled by 4, or entirely when it is at most 3 (a conv's window column)."""
   rows = row_axis(k, vaxis)
   two = 2 * width <= k.opts.max_upcast and k.full_shape[vaxis] % (2 * width) == 0
   cols = 2 * width if rows is not None and two else width
+  last = k.full_shape[k.shape_len - k.upcasted - 1] if k.first_reduce < k.shape_len - k.upcasted else None
+  long_k = _int(last) and last > 3 and last % 2 == 0
+  wide = cols == 2 * width and long_k
   if not _try(k, OptOps.UPCAST, vaxis, cols): return False
+  row_amt = 1
   if rows is not None:
-    want = 8 * width // cols
+    want = 8 if wide else 8 * width // cols
     for amt in (want, 4, 2):
-      if amt <= want and k.full_shape[rows] % amt == 0 and _try(k, OptOps.UPCAST, rows, amt): break
+      if amt <= want and k.full_shape[rows] % amt == 0 and _try(k, OptOps.UPCAST, rows, amt):
+        row_amt = amt
+        break
   end = k.shape_len - k.upcasted
   if k.first_reduce < end and _int(s := k.full_shape[end - 1]):
     if s <= 3: _try(k, OptOps.UNROLL, end - 1 - k.first_reduce, 0)
+    elif wide and row_amt == 8: _try(k, OptOps.UNROLL, end - 1 - k.first_reduce, 2)
     elif s % 4 == 0: _try(k, OptOps.UNROLL, end - 1 - k.first_reduce, 4)
   if rows is not None and k.opts.has_local and rows < k.first_reduce and _int(n := k.full_shape[rows]):
     # neighbouring row blocks share the streamed input: one work-group runs them one after another on one core
-    for amt in (TILE_GROUP, 4, 2):
-      if amt <= TILE_GROUP and n % amt == 0 and n // amt >= 2 and _try(k, OptOps.LOCAL, rows, amt): break
+    most = max(1, TILE_ROWS // row_amt)
+    for amt in (8, 4, 2):
+      if amt <= most and n % amt == 0 and n // amt >= 2 and _try(k, OptOps.LOCAL, rows, amt): break
   return True
 
 def _contiguous_reduce(k: Kernel, width: int) -> bool:

@@ -438,15 +438,48 @@ def test_cpu_profile_matmul_register_tile(dev):
   from kernopt.opt import OptOps
   r = _cpu_profile(dev)
   w = r.vector_width
-  M, N, K = 16, 4 * w, 32
+  M, N, K = 64, 4 * w, 32
   rng = np.random.default_rng(3)
   a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
   got, opts, src = _run_ast(dev, _mm_ast(M, N, K), r, {1: a, 2: b}, M * N)
-  # a 4 x 2w tile of 8 vector accumulators, K unrolled by 4, two row blocks per work-group (16 rows = 4 blocks)
-  assert [(o.op, o.axis, o.amt) for o in opts] == [(OptOps.UPCAST, 1, 2 * w), (OptOps.UPCAST, 0, 4),
-                                                   (OptOps.UNROLL, 0, 4), (OptOps.LOCAL, 0, 2)]
-  assert f"float{w} acc" in src and f"vload{w}(" in src and f"vstore{w}(" in src   # packed vector accumulators
+  # an 8 x 2w tile of 16 vector accumulators, K unrolled by 2, 32 rows (4 row blocks) per work-group
+  assert [(o.op, o.axis, o.amt) for o in opts] == [(OptOps.UPCAST, 1, 2 * w), (OptOps.UPCAST, 0, 8),
+                                                   (OptOps.UNROLL, 0, 2), (OptOps.LOCAL, 0, 4)]
+  assert f"float{w} acc15" in src and f"vload{w}(" in src and f"vstore{w}(" in src   # packed vector accumulators
+  assert "nontemporal" not in src   # a kernel with a loop keeps plain stores
   np.testing.assert_allclose(got.reshape(M, N), a @ b, rtol=1e-4, atol=1e-4)
+
+def test_cpu_profile_conv_like_short_reduce_keeps_8_accumulators(dev):
+  from kernopt.opt import OptOps
+  r = _cpu_profile(dev)
+  w = r.vector_width
+  M, N, K = 64, 4 * w, 3   # a reduce axis of at most 3 (a conv's window column) is unrolled entirely
+  rng = np.random.default_rng(6)
+  a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
+  got, opts, _ = _run_ast(dev, _mm_ast(M, N, K), r, {1: a, 2: b}, M * N)
+  assert [(o.op, o.axis, o.amt) for o in opts] == [(OptOps.UPCAST, 1, 2 * w), (OptOps.UPCAST, 0, 4),
+                                                   (OptOps.UNROLL, 0, 0), (OptOps.LOCAL, 0, 8)]
+  np.testing.assert_allclose(got.reshape(M, N), a @ b, rtol=1e-4, atol=1e-4)
+
+def test_cpu_profile_big_elementwise_stores_are_non_temporal(dev):
+  from tests.catalogue import buf as lbuf, kernel, store
+  from kernopt.kernel import Kernel
+  from kernopt.renderers.opencl import STREAM_MIN
+  import copy
+  r = copy.copy(_cpu_profile(dev))
+  assert not r.stream_stores   # opt-in: OpenCLDevice(stream_stores=True)
+  r.stream_stores = True
+  shp = (STREAM_MIN // 1024, 1024)
+  rng = np.random.default_rng(7)
+  xs = {i: rng.standard_normal(shp, dtype=np.float32) for i in (1, 2)}
+  ast = kernel(store(alu_ast(BinaryOps.ADD, lbuf(1, shp), lbuf(2, shp))))
+  got, _, src = _run_ast(dev, ast, r, xs, STREAM_MIN)
+  assert "__builtin_nontemporal_store(" in src
+  np.testing.assert_array_equal(got.reshape(shp), xs[1] + xs[2])
+  small = kernel(store(alu_ast(BinaryOps.ADD, lbuf(1, (64, 64)), lbuf(2, (64, 64)))))
+  for rr, a in ((r, small), (OpenCLRenderer(), ast), (OpenCLRenderer(vector_width=r.vector_width), ast)):
+    assert "nontemporal" not in Kernel(a, opts=rr).hand_coded_optimizations().to_program().src
+  assert r.capabilities()["stream_stores"] and not OpenCLRenderer().capabilities()["stream_stores"]
 
 def test_cpu_profile_row_sum_streams_rows_into_vector_accumulators(dev):
   from tests.catalogue import buf as lbuf, kernel, reduce, store
