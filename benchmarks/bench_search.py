@@ -2,7 +2,8 @@
 (benchmarks/workloads.py) the hand-coded and the searched kernel's GFLOP/s (compute-bound) or GB/s (memory-bound),
 both timed again here interleaved (median of repeats), the search's wall time, and the candidates it compiled and timed.
 Each search has its own time budget and a fresh compile cache, and its result is checked against numpy.
-Usage: python3 benchmarks/bench_search.py [--workloads W2,W6] [--workers 2] [--repeats 7] [--scale 1.0]"""
+Usage: python3 benchmarks/bench_search.py [--workloads W2,W6] [--workers 2] [--repeats 7] [--scale 1.0]
+  [--device CPU|OPENCL] [--budget SECONDS]"""
 from __future__ import annotations
 import argparse
 import os

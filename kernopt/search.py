@@ -32,8 +32,8 @@ EXPORT_VERSION = 1
 KEY_VERSION = 1   # bump when the meaning of a tuning entry changes
 
 # the action space: amounts tried for each kind of Opt (0: the whole axis)
-UPCAST_AMTS = (0, 2, 3, 4, 5, 7)
-UNROLL_AMTS = (0, 2, 3, 4, 5, 7)
+UPCAST_AMTS = (0, 2, 3, 4, 5, 7, 8, 16)
+UNROLL_AMTS = (0, 2, 3, 4, 5, 7, 8, 16)
 LOCAL_AMTS = (2, 3, 4, 8, 13, 16, 29)
 GROUP_AMTS = (0, 4, 8, 16)
 PADTO_AMTS = (32,)
@@ -45,7 +45,8 @@ _corrupt: Optional[Callable[[Kernel, Program], Program]] = None
 @dataclass(frozen=True)
 class SearchConfig:
   """How a search runs. `beam` (None: the BEAM knob, else 2) candidates survive each round; the search stops when a
-  round improves the best time by less than `min_progress` (relative), after `max_rounds`, or when `time_budget_s`
+  round improves the best time by less than `min_progress` (relative; with a time budget, only when `patience` + 1
+  rounds in a row do so, the last round's winners being the next beam), after `max_rounds`, or when `time_budget_s`
   (None: unlimited) is spent, returning the best kernel found so far. Each candidate runs `repeats` times (the
   minimum counts; more runs while they span under `min_time_s`), once when its first run is over `cutoff` times the
   best so far. With `validate`, a candidate can only win after its outputs on seeded random inputs match the
@@ -63,6 +64,7 @@ class SearchConfig:
   min_time_s: float = 0.003
   compile_timeout_s: float = 10.0   # a candidate whose build takes longer is dropped (its compiler runs on unobserved)
   min_progress: float = 0.01
+  patience: int = 2   # with a time budget, rounds in a row that may fail to improve without ending the search
   max_upcast_size: int = 256    # product of the upcasted axes
   max_local_size: int = 1024    # threads in a workgroup (also capped by the dialect's max_local_size)
   seed: int = 0
@@ -161,6 +163,23 @@ def expand(k: Kernel, cfg: SearchConfig, seen: set[str], stats: SearchStats) -> 
     ret.append((digest, k2))
   return ret
 
+def _likely(c: Any) -> tuple[int, int]:
+  """A cheap guess at how promising a candidate is (lower first): a power-of-two amount of 2-16 before odd ones."""
+  o = c.kernel.applied_opts[-1] if c.kernel.applied_opts else None
+  amt = o.amt if o is not None and isinstance(o.amt, int) else 0
+  return (0 if amt in (4, 2, 8, 16) else 1, (4, 2, 8, 16).index(amt) if amt in (4, 2, 8, 16) else 0)
+
+def _interleave(per_parent: list[list[Any]]) -> list[Any]:
+  """The round's candidates in the order to build them, so a budget that ends mid-round has built the likeliest:
+  the best parent's first; within a parent, one of each kind of Opt in turn, the likeliest amount of each first."""
+  ret = []
+  for cands in per_parent:
+    kinds: dict[Any, list[Any]] = {}
+    for c in cands: kinds.setdefault(c.kernel.applied_opts[-1].op if c.kernel.applied_opts else None, []).append(c)
+    queues = [sorted(q, key=_likely) for q in kinds.values()]
+    for i in range(max((len(q) for q in queues), default=0)): ret += [q[i] for q in queues if i < len(q)]
+  return ret
+
 # ***** rendering and compiling, possibly in another process *****
 
 @dataclass(frozen=True)
@@ -172,6 +191,8 @@ class _RenderTask:
   device: Optional[tuple[str, tuple]]   # (name, options) to precompile into the on-disk cache, or None
   knobs: dict
   keep_uops: bool
+  warm: bool = False   # launch once after compiling (PoCL builds each kernel's work-group code on first launch, into
+                       # its on-disk kernel cache, so this process's first launch is then cheap)
 
 _ast_memo: dict[str, LazyOp] = {}
 
@@ -189,14 +210,28 @@ def _render_task(task: _RenderTask) -> tuple[Optional[Program], str]:
       k = Kernel(_decode(task.ast, task.digest), opts=task.renderer)
       for o in task.opts: k.apply_opt(o)
       prg = k.to_program()
-      if task.device is not None: Device.open(task.device[0], **dict(task.device[1])).compile(prg)
+      if task.device is not None:
+        runner = Device.open(task.device[0], **dict(task.device[1])).compile(prg)
+        if task.warm and not prg.vars: _warm_up(runner, prg)
       return (prg if task.keep_uops else dataclasses.replace(prg, uops=None)), ""
     except Exception as e:  # a codegen bug must cost one candidate, not the search
       return None, f"{type(e).__name__}: {e}"
 
+def _noop() -> None: pass
+
+def _warm_up(runner: CompiledRunner, prg: Program) -> None:
+  """One launch on zeroed buffers of the program's sizes; a failure here is left for the timing to report."""
+  try:
+    bufs = [Buffer(runner.device.name, sym_infer(a.min_size, {}), a.dtype) for a in prg.args]
+    for b in bufs: b.copyin(np.zeros(b.size, np_dtype(b.dtype.base if isinstance(b.dtype, ImageDType) else b.dtype)))
+    runner(*bufs, wait=True)
+  except Exception: pass
+
 def _device_spec(dev: Compiled) -> Optional[tuple[str, tuple]]:
   """(name, options) that reopen dev with Device.open in another process, or None if dev wasn't opened that way."""
   return (dev.name, tuple(sorted(dev.options.items()))) if dev in Device.opened() else None
+
+_DISK_CACHED = ("CPU", "OPENCL")   # devices whose compile() stores the binary where another process finds it
 
 def _knobs() -> dict[str, Any]:
   cfg = getconfig()
@@ -248,7 +283,7 @@ class Validator:
     self.args = self.program.args
     self.start = [random_array(a.dtype, sz, rng) for a, sz in zip(self.args, n)]
     self.bufs = [Buffer(dev.name, sz, a.dtype).copyin(x) for a, sz, x in zip(self.args, n, self.start)]
-    dev.compile(self.program)(*self.bufs, var_vals=var_vals, wait=True)
+    self.ref_time = dev.compile(self.program)(*self.bufs, var_vals=var_vals, wait=True) or math.inf
     self.expected = {i: b.numpy() for i, (a, b) in enumerate(zip(self.args, self.bufs)) if a.writable}
 
   def check(self, runner: CompiledRunner) -> Optional[str]:
@@ -322,7 +357,6 @@ class _Search:
     self.stats = SearchStats()
     self.t0 = time.perf_counter()
     self.deadline = self.t0 + cfg.time_budget_s if cfg.time_budget_s is not None else math.inf
-    self.grace_deadline = self.deadline + 0.1 * cfg.time_budget_s if cfg.time_budget_s is not None else math.inf
     self.var_vals = dict(var_vals) if var_vals is not None else {v.expr: (v.min + v.max) // 2 for v in kernel.vars}
     self.validator: Optional[Validator] = None
     sizes = [b.size for b in buffers] if buffers else None
@@ -335,32 +369,53 @@ class _Search:
     show = cfg.progress if cfg.progress is not None else (getconfig().DEBUG >= 1 or sys.stderr.isatty())
     self.progress = _Progress(show, ansistrip(kernel.name))
     self.best_time = math.inf
+    self.chunk = max(4, 2 * cfg.workers)
+    self.timing_reserve = 0.0   # builds stop waiting this long before the deadline, to leave time to time them
 
-  def out_of_time(self, grace: bool = False) -> bool:
-    """True once the budget is spent; with grace (timing and validating what is already built, which is cheap next
-    to building), a tenth of the budget later."""
-    now = time.perf_counter()
-    if now >= self.deadline: self.stats.out_of_budget = True
-    return now >= self.grace_deadline if grace else self.stats.out_of_budget
+  def out_of_time(self) -> bool:
+    """True once the search's part of the budget is spent (the final re-timing has its own reserve after it)."""
+    if time.perf_counter() >= self.deadline: self.stats.out_of_budget = True
+    return self.stats.out_of_budget
+
+  def _measure_cost(self, t: float) -> float:
+    """Seconds one _measure(cutoff=False) of a kernel that runs t seconds takes: a warm-up, then repeats runs
+    spanning at least min_time_s."""
+    return t + max(self.cfg.repeats * t, self.cfg.min_time_s) if math.isfinite(t) else 0.0
+
+  def _reserve(self, best: _Cand, baseline: Optional[_Cand]) -> None:
+    """Move the deadline earlier by what one pass of the final interleaved re-timing (it does as many of its 3 passes
+    as fit) and shutting down take, so the whole search, those included, ends within time_budget_s."""
+    if self.cfg.time_budget_s is None: return
+    confirm = 1.5 * (self._measure_cost(best.time_s) + (self._measure_cost(baseline.time_s) if baseline else 0.0))
+    self.deadline = self.t0 + self.cfg.time_budget_s - confirm - 0.02 * self.cfg.time_budget_s - 0.05
 
   # -- build --
-  def build(self, cands: list[_Cand], force: bool = False) -> list[_Cand]:
-    """Render and compile cands (in workers when there are any); those that fail or take over compile_timeout_s are
-    dropped."""
-    if self.executor is None and self.cfg.workers > 0 and len(cands) > 1 and self.dev.name != "PYTHON":
+  def start_pool(self) -> None:
+    """Start the private worker pool, if the search will have one, without waiting for its workers to come up."""
+    if self.executor is None and self.cfg.workers > 0 and self.dev.name != "PYTHON":
       self.executor, self.own_executor = _pool(self.cfg.workers), True
-    if self.executor is None: programs = self._render_here(cands, force)
+      for _ in range(self.cfg.workers): self.executor.submit(_noop)
+
+  def build(self, cands: list[_Cand], force: bool = False, here: bool = False) -> list[_Cand]:
+    """Render and compile cands (in workers when there are any and not `here`; compiles run in parallel either way);
+    those that fail or take over compile_timeout_s are dropped."""
+    if self.executor is None and self.cfg.workers > 0 and len(cands) > 1 and self.dev.name != "PYTHON" and not here:
+      self.executor, self.own_executor = _pool(self.cfg.workers), True
+    if self.executor is None or here: programs = self._render_here(cands, force)
     else:
       try: programs = self._build_remote(cands, force)
       except cf.BrokenExecutor as e:  # e.g. a script without `if __name__ == "__main__":` under spawn/forkserver
         warnings.warn(f"search: the executor broke ({e}); building candidates in this process", RuntimeWarning)
         self._drop_executor()
         return self.build(cands, force)
-    ret = []
+    ret, started = [], []
+    if self.threads is None: self.threads = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kernopt-search")
     for c, prg, err in programs:
       if prg is not None and _corrupt is not None: prg = _corrupt(c.kernel, prg)
-      if prg is not None:
-        try: c.runner = self._compile(prg, force)
+      started.append((c, prg, err, self.threads.submit(self.dev.compile, prg) if prg is not None else None))
+    for c, prg, err, fut in started:
+      if fut is not None:
+        try: c.runner = fut.result(timeout=self._wait_limit(force))
         except KernoptError as e: prg, err = None, f"{type(e).__name__}: {e}"
         except cf.TimeoutError: prg, err = None, "compile timed out"
       if prg is None:
@@ -373,7 +428,7 @@ class _Search:
     return sorted(ret, key=lambda c: order[id(c)])
 
   def _wait_limit(self, force: bool) -> float:
-    left = self.deadline - time.perf_counter() if not force else math.inf
+    left = self.deadline - self.timing_reserve - time.perf_counter() if not force else math.inf
     return max(min(self.cfg.compile_timeout_s, left), 0.0)
 
   def _render_here(self, cands: list[_Cand], force: bool) -> list[tuple[_Cand, Optional[Program], str]]:
@@ -384,17 +439,13 @@ class _Search:
       except Exception as e: ret.append((c, None, f"{type(e).__name__}: {e}"))  # a codegen bug costs one candidate
     return ret
 
-  def _compile(self, prg: Program, force: bool) -> CompiledRunner:
-    """dev.compile(prg) on a helper thread, given up after compile_timeout_s (the compiler finishes unobserved)."""
-    if self.threads is None: self.threads = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kernopt-search")
-    return self.threads.submit(self.dev.compile, prg).result(timeout=self._wait_limit(force))
-
   def _build_remote(self, cands: list[_Cand], force: bool) -> list[tuple[_Cand, Optional[Program], str]]:
-    spec = _device_spec(self.dev) if hasattr(self.dev, "so_path") else None
+    spec = _device_spec(self.dev) if hasattr(self.dev, "so_path") or self.dev.name in _DISK_CACHED else None
     knobs = _knobs()
     assert self.executor is not None
     futs = {self.executor.submit(_render_task, _RenderTask(self.ast_json, self.ast_digest, c.kernel.applied_opts,
-                                                           c.kernel.opts, spec, knobs, self.dev.name == "PYTHON")): c
+                                                           c.kernel.opts, spec, knobs, self.dev.name == "PYTHON",
+                                                           spec is not None and self.dev.name == "OPENCL")): c
             for c in cands}
     pending, ret = set(futs), []
     while pending:  # until the budget ends or no candidate finishes for compile_timeout_s
@@ -415,7 +466,7 @@ class _Search:
     """Time each candidate (min of repeats; one run when clearly slower than the best); fastest first."""
     ret = []
     for c in cands:
-      if not force and self.out_of_time(grace=True): break
+      if not force and self.out_of_time(): break
       assert c.runner is not None
       try: c.time_s = self._measure(c.runner)
       except KernoptError as e:
@@ -446,7 +497,7 @@ class _Search:
     """The n fastest candidates that pass validation (every candidate passes when validation is off)."""
     ret = []
     for c in timed:
-      if len(ret) >= n or (not force and self.out_of_time(grace=True)): break
+      if len(ret) >= n or (not force and self.out_of_time()): break
       if self.validator is not None and self.cfg.validate and c.valid is None:
         assert c.runner is not None
         why = self.validator.check(c.runner)
@@ -470,15 +521,25 @@ class _Search:
     """best and the standard protocol's kernel timed again, interleaved: a winner by noise must not beat hand-coded."""
     assert best.runner is not None and baseline.runner is not None
     t = {id(best): math.inf, id(baseline): math.inf}
-    for _ in range(3):
+    end = self.t0 + self.cfg.time_budget_s if self.cfg.time_budget_s is not None else math.inf
+    for i in range(3):
+      st = time.perf_counter()
       for c in (best, baseline): t[id(c)] = min(t[id(c)], self._measure(c.runner, cutoff=False))  # type: ignore
+      if i < 2 and time.perf_counter() + (time.perf_counter() - st) * 1.2 > end - 0.05: break
     best.time_s, baseline.time_s = t[id(best)], t[id(baseline)]
     if best.time_s <= baseline.time_s or self.winners([baseline], 1, force=True) == []: return best
     return baseline
 
+  def _near(self, beam: list[_Cand]) -> list[_Cand]:
+    """beam without the kernels over `cutoff` times slower than its best: their children are rarely worth building."""
+    return [c for c in beam if c.time_s <= self.cfg.cutoff * beam[0].time_s] if beam else beam
+
   def run(self) -> SearchResult:
-    try: return self._run()
+    try: res = self._run()
     finally: self._drop_executor()
+    self.stats.wall_s = time.perf_counter() - self.t0
+    self.progress.close(res.time_s, self.stats)
+    return res
 
   def _run(self) -> SearchResult:
     cfg, width = self.cfg, max(self.cfg.width, 1)
@@ -497,27 +558,41 @@ class _Search:
         seen.add(baseline.digest)
       except KernoptError: baseline = None
     # round 0 (the start and the standard protocol) always completes, whatever the budget
-    timed = self.time_all(self.build(seeds, force=True), force=True)
-    beam = self.winners(timed, width, force=True)
+    self.start_pool()   # its workers come up while round 0 builds here
+    built = self.build(seeds, force=True, here=True)
+    timed = self.time_all([c for c in built if c is not start], force=True)
+    ref_t = self.validator.ref_time if self.validator is not None else math.inf
+    ref_digest = ops.ast_digest(_reference_kernel(self.kernel).get_optimized_ast())
+    good = self.winners(timed, 1, force=True)
+    if start in built and not (good and start.digest == ref_digest and ref_t > cfg.cutoff * good[0].time_s):
+      timed = self.time_all([start], force=True) + timed   # (else its reference run already showed it slow)
+      timed.sort(key=lambda c: c.time_s)
+    beam = self._near(self.winners(timed, width, force=True))
     best = beam[0] if beam else start
-    rnd = 0
+    self._reserve(best, baseline)
+    rnd, stale = 0, 0
     while beam and rnd < cfg.max_rounds and not self.out_of_time():
       rnd += 1
-      cands = [_Cand(d, k) for c in beam for d, k in expand(c.kernel, cfg, seen, self.stats)]
+      cands = _interleave([[_Cand(d, k) for d, k in expand(c.kernel, cfg, seen, self.stats)] for c in beam])
       if not cands: break
       self.progress.round(rnd, len(cands), best.time_s)
-      timed = self.time_all(self.build(cands))
-      new = self.winners(timed, width)
+      timed = []
+      for i in range(0, len(cands), self.chunk):  # build a chunk, time it: a budget ending mid-round wastes no build
+        chunk = cands[i:i + self.chunk]
+        self.timing_reserve = len(chunk) * self._measure_cost(self.best_time)
+        timed += self.time_all(self.build(chunk))
+        if self.out_of_time(): break
+      timed.sort(key=lambda c: c.time_s)
+      new = self._near(self.winners(timed, width))
       self.stats.rounds = rnd
       improved = bool(new) and new[0].time_s < best.time_s * (1 - cfg.min_progress)
       if new and new[0].time_s < best.time_s: best = new[0]
-      if not improved: break
+      stale = 0 if improved else stale + 1
+      if not new or stale > (cfg.patience if cfg.time_budget_s is not None else 0): break
       beam = new
     if baseline is not None and baseline is not best and baseline.runner is not None and best.runner is not None and \
        baseline.valid is not False:
       best = self._confirm(best, baseline)
-    self.stats.wall_s = time.perf_counter() - self.t0
-    self.progress.close(best.time_s, self.stats)
     valid = bool(cfg.validate and self.validator is not None and best.valid)
     base_t = baseline.time_s if baseline is not None else math.inf
     return SearchResult(best.kernel, best.time_s, base_t, valid, self.stats)

@@ -220,3 +220,22 @@ def test_tune_all_on_a_dask_cluster(monkeypatch, tmp_path):
   finally:
     client.close()
     cluster.close()
+
+def test_round_order_and_action_amounts():
+  k = hand_coded(kernel_of("matmul_64"))
+  acts = S.actions(k)
+  assert {8, 16} <= {a.amt for a in acts if a.op is OptOps.UPCAST}
+  assert {8, 16} <= {a.amt for a in acts if a.op is OptOps.UNROLL}
+  cands = [S._Cand(d, k2) for d, k2 in S.expand(k, S.SearchConfig(), set(), S.SearchStats())]
+  order = S._interleave([cands, cands[:1]])
+  assert len(order) == len(cands) + 1 and sorted(map(id, order[:-1])) == sorted(map(id, cands))
+  kinds = {c.kernel.applied_opts[-1].op for c in cands}
+  assert {c.kernel.applied_opts[-1].op for c in order[:len(kinds)]} == kinds   # one of each kind first
+  first, amts = {}, {}
+  for c in order[:-1]:
+    o = c.kernel.applied_opts[-1]
+    first.setdefault(o.op, o.amt)
+    amts.setdefault(o.op, set()).add(o.amt)
+  for op, amt in first.items():   # the likeliest amount of each kind first: 4, then 2, 8, 16
+    likely = [a for a in (4, 2, 8, 16) if a in amts[op]]
+    assert amt == (likely[0] if likely else amt)
