@@ -3,7 +3,7 @@ kernel that applies Opts through `Kernel.apply_opt`, so every choice passes its 
 dtype, ops and opt; the Kernel is passed in."""
 from __future__ import annotations
 import itertools
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, Optional, TypeGuard
 from kernopt.dtype import ImageDType
 from kernopt.errors import KernelOptError
 from kernopt.helpers import all_int, getconfig, prod
@@ -148,3 +148,37 @@ def _add_locals(k: Kernel) -> None:
     whole = sz == k.full_shape[axis]
     k.apply_opt(Opt(OptOps.LOCAL, axis, sz))
     if whole: removed += 1
+
+# ***** shared by the device-profile heuristics (heuristics_cpu, heuristics_opencl) *****
+
+def strides(k: Kernel, i: int) -> tuple:
+  """Buffer i's stride on each axis (None where it is not one), ignoring validity masks."""
+  return k.sts[i].real_strides(ignore_valid=True)
+
+def output_bufs(k: Kernel) -> list[int]:
+  stored = {x.arg for x in k.ast.src}
+  return [i for i, b in enumerate(k.bufs) if b in stored]
+
+def input_bufs(k: Kernel) -> list[int]:
+  outs = output_bufs(k)
+  return [i for i in range(len(k.bufs)) if i not in outs]
+
+def try_opt(k: Kernel, op: OptOps, axis: int, amt: int) -> bool:
+  """Apply Opt(op, axis, amt) if the kernel accepts it; False (and k unchanged) if not."""
+  try:
+    k.apply_opt(Opt(op, axis, amt))
+    return True
+  except KernelOptError: return False
+
+def vector_axis(k: Kernel, width: int) -> Optional[int]:
+  """The last output axis that width divides, unit-stride in every output and unit-stride or broadcast in every
+  input (some input streaming it): its lanes are contiguous loads and stores."""
+  outs, ins = output_bufs(k), input_bufs(k)
+  for axis in reversed(range(k.first_reduce)):
+    size = k.full_shape[axis]
+    if not _is_int(size) or size % width: continue
+    if all(strides(k, i)[axis] == 1 for i in outs) and all(strides(k, i)[axis] in (0, 1) for i in ins) and \
+       any(strides(k, i)[axis] == 1 for i in ins):
+      return axis
+  return None
+

@@ -5,54 +5,27 @@ vector accumulators. Only existing OptOps are used, so every choice is checked l
 the Kernel is passed in."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
-from kernopt.errors import KernelOptError
-from kernopt.opt import Opt, OptOps
+from kernopt.heuristics import input_bufs, strides, try_opt, vector_axis
+from kernopt.opt import OptOps
 
 if TYPE_CHECKING: from kernopt.kernel import Kernel
 
 def _int(x: object) -> bool: return type(x) is int
 
-def _strides(k: Kernel, i: int) -> tuple:
-  return k.sts[i].real_strides(ignore_valid=True)
-
-def _outputs(k: Kernel) -> list[int]:
-  stored = {x.arg for x in k.ast.src}
-  return [i for i, b in enumerate(k.bufs) if b in stored]
-
-def _inputs(k: Kernel) -> list[int]:
-  outs = _outputs(k)
-  return [i for i in range(len(k.bufs)) if i not in outs]
-
-def vector_axis(k: Kernel, width: int) -> Optional[int]:
-  """The last output axis that is unit-stride in every output and unit-stride or broadcast in every input, and that
-  width divides: its lanes are contiguous loads and stores."""
-  outs = _outputs(k)
-  for axis in reversed(range(k.first_reduce)):
-    size = k.full_shape[axis]
-    if not _int(size) or size % width: continue
-    if all(_strides(k, i)[axis] == 1 for i in outs) and all(_strides(k, i)[axis] in (0, 1) for i in _inputs(k)) and \
-       any(_strides(k, i)[axis] == 1 for i in _inputs(k)):
-      return axis
-  return None
 
 def row_axis(k: Kernel, vaxis: int) -> Optional[int]:
   """An output axis along which an input that streams the vector axis is broadcast: upcasting it reuses that input's
   vector for several rows of accumulators."""
-  streamed = [i for i in _inputs(k) if _strides(k, i)[vaxis] == 1]
+  streamed = [i for i in input_bufs(k) if strides(k, i)[vaxis] == 1]
   best: Optional[tuple[int, int]] = None
   for axis in range(k.first_reduce):
     size = k.full_shape[axis]
     if axis == vaxis or not _int(size) or size < 2: continue
-    if any(_strides(k, i)[axis] == 0 for i in streamed):
+    if any(strides(k, i)[axis] == 0 for i in streamed):
       key = (size % 8 == 0) * 2 + (size % 4 == 0)
       if best is None or key > best[0]: best = (key, axis)
   return best[1] if best is not None else None
 
-def _try(k: Kernel, op_name: str, axis: int, amt: int) -> bool:
-  try:
-    k.apply_opt(Opt(OptOps[op_name], axis, amt))
-    return True
-  except KernelOptError: return False
 
 def hand_coded_cpu(k: Kernel) -> bool:
   """Apply the native CPU heuristics to k; False (k untouched) when none fits, so the spec's heuristics run."""
@@ -63,7 +36,7 @@ def hand_coded_cpu(k: Kernel) -> bool:
   if k.reduceop is None:
     if vaxis is None: return False
     # elementwise: one vector per iteration (memory-bound; more lanes only cost codegen time)
-    return _try(k, "UPCAST", vaxis, width)
+    return try_opt(k, OptOps.UPCAST, vaxis, width)
   if vaxis is not None: return _reduce_tile(k, vaxis, width)
   return _unroll_contiguous_reduce(k, width)
 
@@ -72,12 +45,12 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   rows = row_axis(k, vaxis)
   cols = 2 * width if rows is not None and k.full_shape[vaxis] % (2 * width) == 0 and \
     2 * width <= k.opts.max_upcast else width
-  if not _try(k, "UPCAST", vaxis, cols): return False
+  if not try_opt(k, OptOps.UPCAST, vaxis, cols): return False
   if rows is not None:
     # 4 rows: 4x2 vectors for matmul; a one-vector tile (conv) measured 25.0 vs 25.9 GF/s for 4 vs 8 rows at half
     # the lanes (codegen 7 vs 15 ms)
     for amt in (4, 2):
-      if _int(k.full_shape[rows]) and k.full_shape[rows] % amt == 0 and _try(k, "UPCAST", rows, amt): break
+      if _int(k.full_shape[rows]) and k.full_shape[rows] % amt == 0 and try_opt(k, OptOps.UPCAST, rows, amt): break
   _unroll_small_reduces(k)
   return True
 
@@ -94,7 +67,8 @@ def _unroll_small_reduces(k: Kernel) -> None:
     s = k.full_shape[end - 1]
     lanes = 1
     for x in k.full_shape[end:]: lanes *= x if _int(x) else 1
-    if not (_int(s) and s <= 3 and lanes * s <= WINDOW_LANES and _try(k, "UNROLL", end - 1 - k.first_reduce, 0)):
+    fits = _int(s) and s <= 3 and lanes * s <= WINDOW_LANES
+    if not (fits and try_opt(k, OptOps.UNROLL, end - 1 - k.first_reduce, 0)):
       return
 
 def _unroll_contiguous_reduce(k: Kernel, width: int) -> bool:
@@ -103,9 +77,9 @@ def _unroll_contiguous_reduce(k: Kernel, width: int) -> bool:
   end = k.shape_len - k.upcasted
   if k.first_reduce >= end: return False
   axis = end - 1
-  if not any(_strides(k, i)[axis] == 1 for i in _inputs(k)): return False
+  if not any(strides(k, i)[axis] == 1 for i in input_bufs(k)): return False
   size = k.full_shape[axis]
   for amt in (2 * width, width):
     if amt <= k.opts.max_unroll and _int(size) and size % amt == 0 and \
-       _try(k, "UNROLL", axis - k.first_reduce, amt): return True
+       try_opt(k, OptOps.UNROLL, axis - k.first_reduce, amt): return True
   return False

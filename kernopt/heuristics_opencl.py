@@ -6,8 +6,8 @@ heuristics. Imports dtype, errors and opt; the Kernel is passed in."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Optional
 from kernopt.dtype import ImageDType, dtypes
-from kernopt.errors import KernelOptError
-from kernopt.opt import Opt, OptOps
+from kernopt.heuristics import input_bufs, output_bufs, strides, try_opt, vector_axis
+from kernopt.opt import OptOps
 
 if TYPE_CHECKING: from kernopt.kernel import Kernel
 
@@ -17,44 +17,16 @@ TILE_ROWS = 32           # rows of a register-tiled reduce per work-group (its r
 
 def _int(x: object) -> bool: return type(x) is int
 
-def _strides(k: Kernel, i: int) -> tuple:
-  return k.sts[i].real_strides(ignore_valid=True)
-
-def _outputs(k: Kernel) -> list[int]:
-  stored = {x.arg for x in k.ast.src}
-  return [i for i, b in enumerate(k.bufs) if b in stored]
-
-def _inputs(k: Kernel) -> list[int]:
-  outs = _outputs(k)
-  return [i for i in range(len(k.bufs)) if i not in outs]
-
-def _try(k: Kernel, op: OptOps, axis: int, amt: int) -> bool:
-  try:
-    k.apply_opt(Opt(op, axis, amt))
-    return True
-  except KernelOptError: return False
-
-def vector_axis(k: Kernel, width: int) -> Optional[int]:
-  """The last output axis that width divides, unit-stride in every output and unit-stride or broadcast in every
-  input (some input streaming it): its lanes are contiguous loads and stores."""
-  outs, ins = _outputs(k), _inputs(k)
-  for axis in reversed(range(k.first_reduce)):
-    size = k.full_shape[axis]
-    if not _int(size) or size % width: continue
-    if all(_strides(k, i)[axis] == 1 for i in outs) and all(_strides(k, i)[axis] in (0, 1) for i in ins) and \
-       any(_strides(k, i)[axis] == 1 for i in ins):
-      return axis
-  return None
 
 def row_axis(k: Kernel, vaxis: int) -> Optional[int]:
   """An output axis along which every input streaming the vector axis is broadcast, so that upcasting it reuses
   their vectors for several rows of accumulators (divisible by 8, then by 4, preferred)."""
-  streamed = [i for i in _inputs(k) if _strides(k, i)[vaxis] == 1]
+  streamed = [i for i in input_bufs(k) if strides(k, i)[vaxis] == 1]
   best: Optional[tuple[int, int]] = None
   for axis in range(k.first_reduce):
     size = k.full_shape[axis]
     if axis == vaxis or not _int(size) or size < 2: continue
-    if streamed and all(_strides(k, i)[axis] == 0 for i in streamed):
+    if streamed and all(strides(k, i)[axis] == 0 for i in streamed):
       key = (size % 8 == 0) * 2 + (size % 4 == 0)
       if best is None or key > best[0]: best = (key, axis)
   return best[1] if best is not None else None
@@ -75,9 +47,10 @@ def _elementwise(k: Kernel, width: int) -> bool:
   lanes = ELEMENTWISE_LANES if ELEMENTWISE_LANES < width else 1
   axis = vector_axis(k, lanes) if lanes > 1 else None
   if axis is None:
-    axis = next((a for a in reversed(range(k.first_reduce)) if all(_strides(k, i)[a] == 1 for i in _outputs(k))), None)
+    outs = output_bufs(k)
+    axis = next((a for a in reversed(range(k.first_reduce)) if all(strides(k, i)[a] == 1 for i in outs)), None)
     if axis is None: return False
-  elif not _try(k, OptOps.UPCAST, axis, lanes): return False
+  elif not try_opt(k, OptOps.UPCAST, axis, lanes): return False
   _group(k, ELEMENTWISE_GROUP if lanes > 1 else ELEMENTWISE_GROUP * 4)
   return True
 
@@ -93,24 +66,24 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   last = k.full_shape[k.shape_len - k.upcasted - 1] if k.first_reduce < k.shape_len - k.upcasted else None
   long_k = _int(last) and last > 3 and last % 2 == 0
   wide = cols == 2 * width and long_k
-  if not _try(k, OptOps.UPCAST, vaxis, cols): return False
+  if not try_opt(k, OptOps.UPCAST, vaxis, cols): return False
   row_amt = 1
   if rows is not None:
     want = 8 if wide else 8 * width // cols
     for amt in (want, 4, 2):
-      if amt <= want and k.full_shape[rows] % amt == 0 and _try(k, OptOps.UPCAST, rows, amt):
+      if amt <= want and k.full_shape[rows] % amt == 0 and try_opt(k, OptOps.UPCAST, rows, amt):
         row_amt = amt
         break
   end = k.shape_len - k.upcasted
   if k.first_reduce < end and _int(s := k.full_shape[end - 1]):
-    if s <= 3: _try(k, OptOps.UNROLL, end - 1 - k.first_reduce, 0)
-    elif wide and row_amt == 8: _try(k, OptOps.UNROLL, end - 1 - k.first_reduce, 2)
-    elif s % 4 == 0: _try(k, OptOps.UNROLL, end - 1 - k.first_reduce, 4)
+    if s <= 3: try_opt(k, OptOps.UNROLL, end - 1 - k.first_reduce, 0)
+    elif wide and row_amt == 8: try_opt(k, OptOps.UNROLL, end - 1 - k.first_reduce, 2)
+    elif s % 4 == 0: try_opt(k, OptOps.UNROLL, end - 1 - k.first_reduce, 4)
   if rows is not None and k.opts.has_local and rows < k.first_reduce and _int(n := k.full_shape[rows]):
     # neighbouring row blocks share the streamed input: one work-group runs them one after another on one core
     most = max(1, TILE_ROWS // row_amt)
     for amt in (8, 4, 2):
-      if amt <= most and n % amt == 0 and n // amt >= 2 and _try(k, OptOps.LOCAL, rows, amt): break
+      if amt <= most and n % amt == 0 and n // amt >= 2 and try_opt(k, OptOps.LOCAL, rows, amt): break
   return True
 
 def _contiguous_reduce(k: Kernel, width: int) -> bool:
@@ -120,13 +93,13 @@ def _contiguous_reduce(k: Kernel, width: int) -> bool:
   end = k.shape_len - k.upcasted
   if k.first_reduce >= end: return False
   axis = end - 1
-  if not any(_strides(k, i)[axis] == 1 for i in _inputs(k)): return False
+  if not any(strides(k, i)[axis] == 1 for i in input_bufs(k)): return False
   size = k.full_shape[axis]
-  if not _int(size) or not any(size % amt == 0 and _try(k, OptOps.UNROLL, axis - k.first_reduce, amt)
+  if not _int(size) or not any(size % amt == 0 and try_opt(k, OptOps.UNROLL, axis - k.first_reduce, amt)
                                for amt in (2 * width, width) if amt <= k.opts.max_unroll): return False
   for out_axis in reversed(range(k.first_reduce)):
     if _int(n := k.full_shape[out_axis]) and n >= 2:
-      if any(n % amt == 0 and _try(k, OptOps.UPCAST, out_axis, amt) for amt in (4, 2) if amt < width): break
+      if any(n % amt == 0 and try_opt(k, OptOps.UPCAST, out_axis, amt) for amt in (4, 2) if amt < width): break
   return True
 
 def _group(k: Kernel, threads: int) -> None:
@@ -137,5 +110,5 @@ def _group(k: Kernel, threads: int) -> None:
     size = k.full_shape[axis]
     if not _int(size) or size < 4: continue
     for amt in (threads, 128, 64, 32, 16, 8, 4, 2):
-      if amt <= threads and size % amt == 0 and size // amt >= 2 and _try(k, OptOps.LOCAL, axis, amt): return
+      if amt <= threads and size % amt == 0 and size // amt >= 2 and try_opt(k, OptOps.LOCAL, axis, amt): return
     return
