@@ -373,6 +373,21 @@ def catalogue(scale: str = "small") -> list[Case]:
   """Every case at `scale` ("small" for execution, "large" for Kernel tests that run nothing)."""
   return list(_build(scale))
 
+def run_program(dev: Any, case: Case, prg: Any, seed: int) -> list[tuple[dict, dict, dict]]:
+  """prg (for case) compiled on dev and run on seeded inputs at each of case.var_vals: [(var_vals, outputs,
+  references)], outputs and references flat by buffer index, each output cut to its reference's size (a symbolic
+  case defines only a prefix of its buffers)."""
+  from kernopt.runtime import Buffer
+  runner, ins, ret = dev.compile(prg), case.inputs(np.random.default_rng(seed)), []
+  for vv in case.var_vals:
+    bufs = {b.idx: Buffer(dev.name, b.numel, b.dtype) for b in case.buffers}
+    for b in case.buffers:
+      if not b.output: bufs[b.idx].copyin(ins[b.idx])
+    runner(*[bufs[i] for i in sorted(bufs)], var_vals=vv)
+    ref = {i: np.asarray(r).reshape(-1) for i, r in case.reference(ins, vv).items()}
+    ret.append((vv, {b.idx: bufs[b.idx].numpy()[:ref[b.idx].size] for b in case.outputs}, ref))
+  return ret
+
 def get(name: str, scale: str = "small") -> Case:
   """The case called `name` at `scale`."""
   for c in _build(scale):

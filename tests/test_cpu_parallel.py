@@ -3,7 +3,7 @@ rendered into the kernel); every output element is computed by one thread in the
 bit-identical to one thread for ints and floats alike."""
 import numpy as np
 import pytest
-from catalogue import get
+from catalogue import get, run_program
 from kernopt.dtype import dtypes
 from kernopt.helpers import config_override
 from kernopt.kernel import Kernel, Opt, OptOps
@@ -20,20 +20,12 @@ def run_case(name: str, **device_options):
   k = Kernel(case.ast, opts=dev.renderer).required_optimizations()
   if not k.apply_tensor_cores(): k.hand_coded_optimizations()
   prg = k.to_program()
-  runner = dev.compile(prg)
-  ins = case.inputs(np.random.default_rng(7))
   outs = []
-  for vv in case.var_vals:
-    bufs = {b.idx: Buffer("CPU", b.numel, b.dtype) for b in case.buffers}
-    for b in case.buffers:
-      if not b.output: bufs[b.idx].copyin(ins[b.idx])
-    runner(*[bufs[i] for i in sorted(bufs)], var_vals=vv)
-    ref = case.reference(ins, vv)
+  for _, got, ref in run_program(dev, case, prg, seed=7):
     for b in case.outputs:
-      got = bufs[b.idx].numpy()[:ref[b.idx].size]
-      np.testing.assert_allclose(got.astype(np.float64), ref[b.idx].reshape(-1).astype(np.float64),
+      np.testing.assert_allclose(got[b.idx].astype(np.float64), ref[b.idx].astype(np.float64),
                                  rtol=max(case.tol * 10, 0), atol=case.tol * 10)
-      outs.append(got)
+      outs.append(got[b.idx])
   return prg.src, outs
 
 BIT_EXACT = ["int_ops", "max_reduce_int", "idiv_mod", "matmul_512", "sum_axis0", "sum_axis1", "max_axis1", "conv2d",

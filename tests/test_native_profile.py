@@ -276,20 +276,11 @@ def test_catalogue_on_native_cpu(name):
   if any(isinstance(b.dtype, ImageDType) for b in case.buffers):  # the C dialect refuses images
     with pytest.raises(UnsupportedError): dev.compile(protocol(case.ast, dev.renderer).to_program())
     return
-  runner = dev.compile(protocol(case.ast, dev.renderer).to_program())
-  ins = case.inputs(np.random.default_rng(3))
-  for vv in case.var_vals:
-    bufs = {b.idx: Buffer("CPU", b.numel, b.dtype) for b in case.buffers}
-    for b in case.buffers:
-      if not b.output: bufs[b.idx].copyin(ins[b.idx])
-    runner(*[bufs[i] for i in sorted(bufs)], var_vals=vv)
-    ref = case.reference(ins, vv)
+  for _, got, want in catalogue.run_program(dev, case, protocol(case.ast, dev.renderer).to_program(), seed=3):
     for b in case.outputs:
-      want = ref[b.idx].reshape(-1)
-      got = bufs[b.idx].numpy()[:want.size]
-      if case.tol == 0: np.testing.assert_array_equal(got, want)
-      else: np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=case.tol * 10,
-                                       atol=case.tol * 10)
+      if case.tol == 0: np.testing.assert_array_equal(got[b.idx], want[b.idx])
+      else: np.testing.assert_allclose(got[b.idx].astype(np.float64), want[b.idx].astype(np.float64),
+                                       rtol=case.tol * 10, atol=case.tol * 10)
 
 @needs_cc
 def test_explicit_opts_pack_and_match_static():

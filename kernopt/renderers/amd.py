@@ -51,11 +51,8 @@ class AMDRenderer(CStyleLanguage):
   nan = "__builtin_nanf(\"\")"
   code_for_workitem = {"g": lambda d: f"__builtin_amdgcn_workgroup_id_{_XYZ[d]}()",
                        "l": lambda d: f"__builtin_amdgcn_workitem_id_{_XYZ[d]}()"}
-  type_map = {
-    dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
-    dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long",
-    dtypes.uint64: "unsigned long", dtypes.half: "_Float16", dtypes.bfloat16: "unsigned short",
-    dtypes.float32: "float", dtypes.float64: "double"}
+  type_map = {**CStyleLanguage.type_map, dtypes.int8: "signed char", dtypes.half: "_Float16",
+              dtypes.bfloat16: "unsigned short"}
   code_for_op = {UnaryOps.EXP2: _ocml("exp2"), UnaryOps.LOG2: _ocml("log2"), UnaryOps.SIN: _ocml("sin"),
                  UnaryOps.SQRT: _ocml("sqrt"), TernaryOps.MULACC: _fma}
 

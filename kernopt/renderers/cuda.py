@@ -41,11 +41,8 @@ class CUDARenderer(CStyleLanguage):
   nan = "__int_as_float(0x7fffffff)"
   code_for_workitem = {"g": lambda d: f"blockIdx.{_FIELDS[d]}", "l": lambda d: f"threadIdx.{_FIELDS[d]}",
                        "i": lambda d: f"(blockIdx.{_FIELDS[d]}*blockDim.{_FIELDS[d]}+threadIdx.{_FIELDS[d]})"}
-  type_map = {
-    dtypes.bool: "bool", dtypes.int8: "signed char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
-    dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long long",
-    dtypes.uint64: "unsigned long long", dtypes.half: "half", dtypes.bfloat16: "__nv_bfloat16",
-    dtypes.float32: "float", dtypes.float64: "double"}
+  type_map = {**CStyleLanguage.type_map, dtypes.int8: "signed char", dtypes.int64: "long long",
+              dtypes.uint64: "unsigned long long", dtypes.bfloat16: "__nv_bfloat16"}
 
   def __init__(self, arch: str = "sm_80"):
     if not arch.startswith("sm_") or not arch[3:].isdigit():
