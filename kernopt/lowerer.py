@@ -428,10 +428,17 @@ class _Lowerer:
           for c in range(per):
             acc = UOp(UOps.DEFINE_ACC, dt, loops, (init, self.acc_n))
             self.acc_n += 1
-            phis.append(UOp(UOps.PHI, dt, (acc, _alu(op, dt, acc, combine(key[c::per])))))
+            phis.append(UOp(UOps.PHI, dt, (acc, self._accumulate(op, dt, acc, combine(key[c::per])))))
           done[key] = combine(phis)
       for m in members: out[m] = done[key]
     return out
+
+  def _accumulate(self, op: BinaryOps, dt: DType, acc: UOp, x: UOp) -> UOp:
+    """acc op x; acc + a*b as MULACC(a, b, acc) when the dialect fuses float32 accumulation."""
+    if op is BinaryOps.ADD and dt == dtypes.float32 and getattr(self.opts, "fused_accumulate", False) and x.op is UOps.ALU and \
+       x.arg is BinaryOps.MUL:
+      return UOp(UOps.ALU, dt, (x.src[0], x.src[1], acc), TernaryOps.MULACC)
+    return _alu(op, dt, acc, x)
 
   def _wmma(self, w: LazyOp, loops: tuple[UOp, ...], ups: list[int]) -> list[UOp]:
     """Tensor-core instructions: D = A·B + C per combination of the upcast axes the instruction doesn't consume.

@@ -40,6 +40,9 @@ class Renderer:
   max_local_size: int = 0x8FFFFFFF  # product of the local sizes of one workgroup
   tensor_cores: tuple[TensorCore, ...] = ()
   supports_images: bool = False
+  # float32 SUM accumulators update as one fused multiply-add (MULACC, one rounding) when the summand is a product;
+  # off in the spec's profiles, where every op rounds as written
+  fused_accumulate: bool = False
 
   def render(self, name: str, uops: list[Any]) -> str:
     raise UnsupportedError(f"the {type(self).__name__} dialect has no source renderer")
@@ -47,7 +50,7 @@ class Renderer:
   def capabilities(self) -> dict[str, Any]:
     """Everything that can change the code this dialect produces, as plain data (part of cache keys)."""
     keys = ("device", "has_local", "has_shared", "supports_float4", "global_max", "local_max", "shared_max",
-            "max_upcast", "max_unroll", "max_local_size", "supports_images")
+            "max_upcast", "max_unroll", "max_local_size", "supports_images", "fused_accumulate")
     return {"dialect": type(self).__name__, **{k: getattr(self, k) for k in keys},
             "tensor_cores": [str(tc) for tc in self.tensor_cores]}
 

@@ -73,7 +73,7 @@ def _recip(r: CStyleLanguage, dt: DType, x: str) -> str:
 
 def _mulacc(r: CStyleLanguage, dt: DType, a: str, b: str, c: str) -> str:
   # single rounding for float, as exec_alu computes a*b+c exactly in double before rounding to float
-  if dt == dtypes.float32: return f"fma{r.math_suffix(dt)}({a}, {b}, {c})"
+  if dt.scalar() == dtypes.float32: return f"fma{r.math_suffix(dt)}({a}, {b}, {c})"
   return _wrap("+")(r, dt, _wrap("*")(r, dt, a, b), c)
 
 # arithmetic that has no meaning on bool (the interpreter refuses it too)

@@ -17,7 +17,7 @@ _DEFINE_ACC, _DEFINE_GLOBAL = UOps.DEFINE_ACC, UOps.DEFINE_GLOBAL
 _ENDIF, _ENDRANGE, _GEP, _IF, _LOAD, _PHI = UOps.ENDIF, UOps.ENDRANGE, UOps.GEP, UOps.IF, UOps.LOAD, UOps.PHI
 _RANGE, _STORE, _VECTORIZE = UOps.RANGE, UOps.STORE, UOps.VECTORIZE
 _ADD, _WHERE = BinaryOps.ADD, TernaryOps.WHERE
-VECTOR_ALU = frozenset((BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX))
+VECTOR_ALU = frozenset((BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, TernaryOps.MULACC))
 VECTOR_DTYPES = frozenset((dtypes.float32,))
 
 @dataclass
@@ -237,16 +237,21 @@ class _Packer:
     return ("g", lanes)
 
   def tree_phi(self, lanes: tuple[UOp, ...], depth: int) -> Optional[tuple]:
-    """PHI(acc, acc op x) lanes: one vector accumulator, op and PHI, with x packed as a tree."""
+    """PHI(acc, op(..., acc, ...)) lanes (acc + x, MULACC(a, b, acc)): one vector accumulator, op and PHI, with the
+    other operands packed as trees."""
     accs, upds = tuple(ln.src[0] for ln in lanes), tuple(ln.src[1] for ln in lanes)
     u0 = upds[0]
-    if not (all(u.op is _ALU and u.arg is u0.arg and len(u.src) == 2 and u.src[0] is a for u, a in zip(upds, accs))
-            and u0.arg in VECTOR_ALU and all(a.op is _DEFINE_ACC for a in accs) and self.acc_lanes(accs, upds) and
+    if u0.op is not _ALU or u0.arg not in VECTOR_ALU or accs[0] not in u0.src: return None
+    at = u0.src.index(accs[0])
+    if not (all(u.op is _ALU and u.arg is u0.arg and len(u.src) == len(u0.src) and u.src[at] is a and
+                u.src.count(a) == 1 for u, a in zip(upds, accs))
+            and all(a.op is _DEFINE_ACC for a in accs) and self.acc_lanes(accs, upds) and
             not any(u in self.of for u in upds)): return None
-    other = self.tree(tuple(u.src[1] for u in upds), depth + 1)
-    if other is None: return None
+    others = [self.tree(tuple(u.src[i] for u in upds), depth + 1) for i in range(len(u0.src)) if i != at]
+    if any(p is None for p in others): return None
     acc = self.add("acc", accs)
-    alu = self.add("alu", upds, (("a", acc), other), {acc} | ({other[1]} if other[0] == "v" else set()))
+    parts = tuple(others[:at]) + (("a", acc),) + tuple(others[at:])
+    alu = self.add("alu", upds, parts, {acc} | {p[1] for p in others if p[0] == "v"})
     self.groups[acc].deps.add(alu)
     return ("v", self.add("phi", lanes, deps={acc, alu}))
 

@@ -75,18 +75,20 @@ class CPUDevice(Compiled):
   """Kernels are C functions `void name(T* data0, ..., int var, ...)` called from the launching thread (a parallel
   kernel starts its workers itself); Program global and local sizes are None (the loops are inside).
   `profile` is "native" (NativeCRenderer for this host: `threads` (default CPU_THREADS, else the usable cores),
-  `parallel` "pthread" (default) | "openmp" | "none", `vector_width` (default from the ISA), `min_parallel_work`) or
+  `parallel` "pthread" (default) | "openmp" | "none", `vector_width` (default from the ISA), `min_parallel_work`,
+  `fused_accumulate` (default: the host has FMA)) or
   "static" (the spec's CRenderer).
   `extra_flags` are appended to the compiler command."""
   name = "CPU"
 
   def __init__(self, extra_flags: tuple[str, ...] = (), profile: str = "native", threads: Optional[int] = None,
                parallel: Optional[str] = None, vector_width: Optional[int] = None,
-               min_parallel_work: Optional[int] = None):
+               min_parallel_work: Optional[int] = None, fused_accumulate: Optional[bool] = None):
     if profile not in ("native", "static"): raise UnsupportedError(f"CPU profile must be native or static: {profile!r}")
     self.extra_flags = tuple(extra_flags)
     self.profile, self._threads, self._parallel, self._vector_width = profile, threads, parallel, vector_width
     self._min_work = min_parallel_work
+    self._fused = fused_accumulate
     self._cc: Optional[str] = None
     super().__init__()
 
@@ -99,7 +101,8 @@ class CPUDevice(Compiled):
     parallel = self._parallel or "pthread"
     if parallel == "openmp" and find_compiler() is not None and not openmp_flags(self.cc): parallel = "pthread"
     kw = {} if self._min_work is None else {"min_parallel_work": self._min_work}
-    return NativeCRenderer(vector_width=self._vector_width, threads=self._threads, parallel=parallel, **kw)
+    return NativeCRenderer(vector_width=self._vector_width, threads=self._threads, parallel=parallel,
+                           fused_accumulate=self._fused, **kw)
 
   @property
   def cc(self) -> str:

@@ -1,0 +1,122 @@
+"""The native profile's matmul machinery beyond the register tile: float32 sums of products accumulated in one
+rounding (MULACC, `fused_accumulate`) and the B panel packed into a contiguous stack buffer (`pack_panel`). Fused
+lanes must equal the scalar fmaf bit for bit; the panel must not change a single bit; both against numpy too."""
+import platform
+import numpy as np
+import pytest
+from catalogue import get
+from kernopt.kernel import Kernel, Opt, OptOps
+from kernopt.ops import BinaryOps, TernaryOps
+from kernopt.renderers.cstyle import CRenderer
+from kernopt.renderers.native import NativeCRenderer, host_has_fma, interchange_outer_loops, pack_panel
+from kernopt.renderers.vectorize import pack_lanes
+from kernopt.runtime import Buffer, Device, cpu
+from kernopt.uops import UOps
+
+needs_cc = pytest.mark.skipif(not cpu.CPUDevice.availability()[0], reason="no C compiler")
+
+def protocol(ast, renderer) -> Kernel:
+  k = Kernel(ast, opts=renderer).required_optimizations()
+  if not k.apply_tensor_cores(): k.hand_coded_optimizations()
+  return k
+
+def run(case, prg, dev, seed=7):
+  ins = case.inputs(np.random.default_rng(seed))
+  bufs = {b.idx: Buffer("CPU", b.numel, b.dtype) for b in case.buffers}
+  for b in case.buffers:
+    if not b.output: bufs[b.idx].copyin(ins[b.idx])
+  dev.compile(prg)(*[bufs[i] for i in sorted(bufs)])
+  want = case.reference(ins, {})[0].reshape(-1)
+  return bufs[0].numpy()[:want.size], want
+
+def updates(uops):
+  """The value each accumulator's PHI assigns."""
+  return [u.src[1] for u in uops if u.op is UOps.PHI]
+
+# ***** fused accumulation *****
+
+@pytest.mark.skipif(platform.machine().lower() in ("aarch64", "arm64"), reason="every AArch64 core has FMA")
+@pytest.mark.parametrize("flags,fma", [("sse2 avx avx2 fma", True), ("sse2 avx avx2", False)])
+def test_host_fma_from_cpuinfo(tmp_path, flags, fma):
+  path = tmp_path / "cpuinfo"
+  path.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+  assert host_has_fma(str(path)) is fma
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_sum_of_products_lowers_to_mulacc_only_when_fused(fused):
+  r = NativeCRenderer(vector_width=8, threads=1, fused_accumulate=fused)
+  ups = updates(Kernel(get("matmul_64").ast, opts=r).linearize().uops)
+  assert ups and all(u.op is UOps.ALU for u in ups)
+  if fused:
+    # MULACC(a, b, acc): the accumulator is the addend
+    assert all(u.arg is TernaryOps.MULACC and u.src[2].op is UOps.DEFINE_ACC for u in ups)
+  else: assert all(u.arg is BinaryOps.ADD and u.src[1].arg is BinaryOps.MUL for u in ups)
+
+@pytest.mark.parametrize("name", ["sum_axis1", "max_axis1"])
+def test_other_reduces_are_not_fused(name):
+  r = NativeCRenderer(vector_width=8, threads=1, fused_accumulate=True)
+  ups = updates(Kernel(get(name).ast, opts=r).linearize().uops)
+  assert ups and not any(u.arg is TernaryOps.MULACC for u in ups)
+
+def test_fused_accumulate_is_a_capability():
+  a, b = NativeCRenderer(threads=1, fused_accumulate=True), NativeCRenderer(threads=1, fused_accumulate=False)
+  assert a.capabilities()["fused_accumulate"] and not b.capabilities()["fused_accumulate"]
+  assert CRenderer().capabilities()["fused_accumulate"] is False   # the spec's profile rounds every op
+
+@needs_cc
+def test_fused_vector_lanes_equal_scalar_fmaf():
+  """The packed kernel's vector FMA computes, lane by lane, exactly the static profile's scalar fmaf."""
+  case = get("matmul_64")
+  opts = [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 4)]
+  scalar = CRenderer()
+  scalar.fused_accumulate = True
+  outs = []
+  for r, dev in ((NativeCRenderer(vector_width=8, threads=1, fused_accumulate=True), Device.open("CPU", threads=1)),
+                 (scalar, Device.open("CPU", profile="static"))):
+    k = Kernel(case.ast, opts=r)
+    for o in opts: k.apply_opt(o)
+    prg = k.to_program()
+    assert ("ko_fma_float8" in prg.src) is (r is not scalar) and ("fmaf(" in prg.src)
+    outs.append(run(case, prg, dev))
+  (vec, want), (sca, _) = outs
+  assert vec.tobytes() == sca.tobytes()
+  np.testing.assert_allclose(vec, want, rtol=1e-4, atol=1e-4)
+
+# ***** the packed B panel *****
+
+@needs_cc
+@pytest.mark.parametrize("name,scale,block,threads", [("matmul_64", "small", 16, 1), ("matmul_512", "large", 0, 2)])
+def test_panel_keeps_every_bit(name, scale, block, threads):
+  """matmul_64 with a reduce block of 16 (the panel holds one block), matmul_512 unblocked (the whole K)."""
+  case, dev = get(name, scale), Device.open("CPU", threads=threads, min_parallel_work=0)
+  res = []
+  for panel in (1 << 15, 0):
+    r = NativeCRenderer(vector_width=8, threads=threads, min_parallel_work=0)
+    r.reduce_block, r.panel_elements = block, panel
+    prg = protocol(case.ast, r).to_program()
+    assert ("panel" in prg.src) is bool(panel)
+    res.append(run(case, prg, dev))
+  (packed, want), (plain, _) = res
+  assert packed.tobytes() == plain.tobytes()
+  np.testing.assert_allclose(packed, want, rtol=1e-3, atol=1e-3)
+
+def _tile_uops(name, scale="small"):
+  r = NativeCRenderer(vector_width=8, threads=1)
+  return pack_lanes(interchange_outer_loops(protocol(get(name, scale).ast, r).linearize().uops), 8)
+
+def test_panel_copies_b_and_reads_it_in_the_reduce():
+  uops = _tile_uops("matmul_64")
+  new = pack_panel(uops, None, 1 << 15)
+  panels = [u for u in new if u.op is UOps.DEFINE_LOCAL]
+  assert len(panels) == 1 and panels[0].arg[1] == 64 * 16   # K rows of the tile's 16 columns
+  loads = [u for u in new if u.op is UOps.LOAD and u.src[0] is panels[0]]
+  stores = [u for u in new if u.op is UOps.STORE and u.src[0] is panels[0]]
+  assert len(loads) == len(stores) == 2 and all(ld.dtype.count == 8 for ld in loads)
+  # the copy loop runs before the tile loop it serves
+  assert new.index(stores[-1]) < min(new.index(ld) for ld in loads)
+
+def test_panel_refuses_what_it_cant_hold():
+  uops = _tile_uops("matmul_64")
+  assert pack_panel(uops, None, 64 * 16 - 1) is uops
+  add = Kernel(get("add").ast, opts=NativeCRenderer(vector_width=8, threads=1)).linearize().uops
+  assert pack_panel(add, None, 1 << 15) is add
