@@ -88,6 +88,7 @@ class Config:
   CPU_THREADS: int = 0
   CL_DEVICE: str = ""
   FUZZ_N: int = 0
+  COMPILE_TIMEOUT: int = 0   # seconds a device compiler may run before its build fails (0: no limit)
 
   @staticmethod
   def from_env(env: Optional[dict[str, str]] = None) -> Config:

@@ -62,7 +62,7 @@ class SearchConfig:
   progress: Optional[bool] = None   # None: on when DEBUG asks or stderr is a terminal
   cutoff: float = 3.0
   min_time_s: float = 0.003
-  compile_timeout_s: float = 10.0   # a candidate whose build takes longer is dropped (its compiler runs on unobserved)
+  compile_timeout_s: float = 10.0   # a candidate whose build takes longer is dropped (a CPU compiler is killed)
   min_progress: float = 0.01
   patience: int = 2   # with a time budget, rounds in a row that may fail to improve without ending the search
   max_upcast_size: int = 256    # product of the upcasted axes
@@ -441,7 +441,8 @@ class _Search:
 
   def _build_remote(self, cands: list[_Cand], force: bool) -> list[tuple[_Cand, Optional[Program], str]]:
     spec = _device_spec(self.dev) if hasattr(self.dev, "so_path") or self.dev.name in _DISK_CACHED else None
-    knobs = _knobs()
+    # a worker's compiler is killed once it outlives the wait for it
+    knobs = {**_knobs(), "COMPILE_TIMEOUT": math.ceil(self.cfg.compile_timeout_s)}
     assert self.executor is not None
     futs = {self.executor.submit(_render_task, _RenderTask(self.ast_json, self.ast_digest, c.kernel.applied_opts,
                                                            c.kernel.opts, spec, knobs, self.dev.name == "PYTHON",

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import numpy as np
 import pytest
 from kernopt.dtype import dtypes
@@ -49,6 +50,20 @@ def test_compile_error_carries_log_and_source():
   src = "void broken_kernel(float* restrict data0) { data0[0] = ; }\n"
   with pytest.raises(CompileError) as e: Device["CPU"].compile(Program("broken_kernel", src, "CPU"))
   assert "error" in e.value.log and "broken_kernel" in str(e.value) and e.value.src == src
+
+def test_compile_timeout_kills_the_compiler(tmp_path):
+  """A compiler that outlives COMPILE_TIMEOUT is killed and the build fails with CompileError (search workers set it
+  so an abandoned candidate's compiler doesn't keep running)."""
+  cc = tmp_path / "slowcc"
+  # answers the toolchain probes at once; hangs on a build (the only call with -o)
+  cc.write_text('#!/bin/sh\ncase "$*" in *" -o "*) sleep 30; sleep 30;; *--version*) echo "slowcc 1.0";; esac\n')
+  cc.chmod(0o755)
+  dev = cpu.CPUDevice(extra_flags=("-DSLOWCC",), profile="static")
+  dev._cc = str(cc)
+  t0 = time.perf_counter()
+  with config_override(COMPILE_TIMEOUT=1, DISABLE_CACHE=1), pytest.raises(CompileError, match="COMPILE_TIMEOUT"):
+    dev.compile(Program("slow_kernel", "void slow_kernel(float* restrict data0) { data0[0] = 1.0f; }\n", "CPU"))
+  assert time.perf_counter() - t0 < 20
 
 @pytest.mark.parametrize("case", ["missing buffer", "too small", "wrong dtype", "missing var", "var out of range",
                                   "not a buffer"])

@@ -9,6 +9,7 @@ import ctypes
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -36,9 +37,18 @@ def find_compiler() -> Optional[str]:
     if (path := shutil.which(name)) is not None: return os.path.realpath(path)
   return None
 
-def _run(cmd: list[str], purpose: str, stdin: str = "") -> subprocess.CompletedProcess:
+def _run(cmd: list[str], purpose: str, stdin: str = "", timeout: Optional[float] = None) -> subprocess.CompletedProcess:
+  """cmd's result; past `timeout` its whole process group (the driver and cc1 alike) is killed and TimeoutExpired
+  raised."""
   compiler_calls[purpose] += 1
-  return subprocess.run(cmd, input=stdin, capture_output=True, text=True)
+  with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        start_new_session=timeout is not None) as p:
+    try: out, err = p.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+      os.killpg(p.pid, signal.SIGKILL)
+      p.communicate()
+      raise
+  return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 @functools.lru_cache(None)
 def toolchain(cc: str) -> tuple[str, tuple[str, ...], str]:
@@ -157,7 +167,10 @@ class CPUDevice(Compiled):
     fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=folder)
     os.close(fd)
     try:
-      out = _run([self.cc, *self.flags(), "-x", "c", "-", "-o", tmp, "-lm"], "compile", src)
+      limit = getconfig().COMPILE_TIMEOUT or None
+      try: out = _run([self.cc, *self.flags(), "-x", "c", "-", "-o", tmp, "-lm"], "compile", src, limit)
+      except subprocess.TimeoutExpired:   # subprocess.run has killed the compiler
+        raise CompileError(f"{self.cc} took over {limit} s (COMPILE_TIMEOUT) to compile {name}", "", src) from None
       if out.returncode != 0: raise CompileError(f"{self.cc} failed to compile {name}", out.stderr, src)
       if getconfig().DISABLE_CACHE: return tmp
       os.replace(tmp, path)  # atomic: a parallel process sees either no file or a complete one
