@@ -20,7 +20,7 @@ def row_axis(k: Kernel, vaxis: int) -> Optional[int]:
   best: Optional[tuple[int, int]] = None
   for axis in range(k.first_reduce):
     size = k.full_shape[axis]
-    if axis == vaxis or not _int(size) or size < 2: continue
+    if axis == vaxis or not isinstance(size, int) or size < 2: continue
     if any(strides(k, i)[axis] == 0 for i in streamed):
       key = (size % 8 == 0) * 2 + (size % 4 == 0)
       if best is None or key > best[0]: best = (key, axis)
@@ -66,8 +66,8 @@ def _unroll_small_reduces(k: Kernel) -> None:
     if k.first_reduce >= end: return
     s = k.full_shape[end - 1]
     lanes = 1
-    for x in k.full_shape[end:]: lanes *= x if _int(x) else 1
-    fits = _int(s) and s <= 3 and lanes * s <= WINDOW_LANES
+    for x in k.full_shape[end:]: lanes *= x if isinstance(x, int) else 1
+    fits = isinstance(s, int) and s <= 3 and lanes * s <= WINDOW_LANES
     if not (fits and try_opt(k, OptOps.UNROLL, end - 1 - k.first_reduce, 0)):
       return
 

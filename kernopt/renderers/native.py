@@ -160,8 +160,9 @@ class NativeCRenderer(CRenderer):
   def render_range(self, u: UOp, var: str, start: str, end: str) -> list[str]:
     if self._blocked is not None and u is self._blocked[0]: self._block_var = var
     if self._blocked is not None and u is self._blocked[1]:
-      n = self._blocked[2]
-      return [f"for (int32_t {var} = {self._block_var}*{n}; {var} < {self._block_var}*{n} + {n}; {var}++) {{"]
+      steps = self._blocked[2]
+      return [f"for (int32_t {var} = {self._block_var}*{steps}; {var} < {self._block_var}*{steps} + {steps}; "
+              f"{var}++) {{"]
     if u is self._inner:
       return [f"{{ int32_t {var} = (int32_t)({start}) + (int32_t)({self._flat} % (int64_t)(({end}) - ({start})));"]
     if u is not self._loop: return super().render_range(u, var, start, end)
@@ -323,6 +324,7 @@ class _NativeEmitter(_Emitter):
     if len(u.src) != 3: return super().load(u)
     r = self.r
     r[u] = v = self.fresh("val")
+    assert u.dtype is not None
     self.line(f"{self.value_dtype(u.dtype)} {v} = "
               f"{self.lang.render_masked_load(r[u.src[0]], r[u.src[1]], r[u.src[2]], u.dtype)};")  # type: ignore
 
@@ -336,7 +338,7 @@ def _index_value(u: UOp, env: dict[UOp, int], memo: dict[UOp, Optional[int]]) ->
   elif u.op in (UOps.RANGE, UOps.DEFINE_VAR): ret = env.get(u, 0)
   elif u.op is UOps.ALU and u.dtype is not None and u.dtype.count == 1:
     vals = [_index_value(s, env, memo) for s in u.src]
-    if all(v is not None for v in vals): ret = exec_alu(u.arg, u.src[-1].dtype, tuple(vals))
+    if all(v is not None for v in vals): ret = exec_alu(u.arg, u.src[-1].dtype or u.dtype, tuple(vals))
   memo[u] = ret
   return ret
 
@@ -462,48 +464,48 @@ def pack_panel(uops: list[UOp], blocked: Optional[tuple[UOp, UOp, int]], max_ele
   ends = {u.src[0]: i for i, u in enumerate(uops) if u.op is UOps.ENDRANGE}
   if r1.arg[1] or not rk.arg[1] or not ends.get(rk, -1) < ends.get(r1, -1): return uops
   if any(s.op is not UOps.CONST or not isinstance(s.arg, int) for s in rk.src): return uops
-  blk = blocked[0] if blocked is not None and blocked[1] is rk else None
-  steps = blocked[2] if blk is not None else rk.src[1].arg - rk.src[0].arg
+  blk, steps = (blocked[0], blocked[2]) if blocked is not None and blocked[1] is rk else \
+    (None, rk.src[1].arg - rk.src[0].arg)
   allowed = {u for u in (uops[i] for i in ranges) if u is not r1}
-  loads: list[UOp] = []
+  loads: dict[UOp, DType] = {}
   for u in uops[ik + 1:ends[rk]]:
     if u.op is not UOps.LOAD or len(u.src) != 2 or u.src[0].op is not UOps.DEFINE_GLOBAL or u in loads: continue
     if isinstance(u.src[0].dtype, ImageDType) or u.dtype is None: continue
     deps = u.src[1].parents | {u.src[1]}
     if rk not in deps or not {d for d in deps if d.op is UOps.RANGE} <= allowed: continue
-    if (st := _reduce_stride(u.src[1], rk)) is None or abs(st) <= 1: continue
-    loads.append(u)
-  row = sum(ld.dtype.count for ld in loads)   # type: ignore[union-attr]
-  if not loads or steps * row > max_elements or any(ld.dtype.scalar() != loads[0].dtype.scalar() for ld in loads):  # type: ignore[union-attr]
-    return uops
+    if (stride := _reduce_stride(u.src[1], rk)) is None or abs(stride) <= 1: continue
+    loads[u] = u.dtype
+  row = sum(dt.count for dt in loads.values())
+  if not loads or steps * row > max_elements or len({dt.scalar() for dt in loads.values()}) != 1: return uops
   i32 = dtypes.int32
   c = lambda v: UOp.const(i32, v)  # noqa: E731
   alu = lambda op, a, b: UOp(UOps.ALU, i32, (a, b), op)  # noqa: E731
-  panel = UOp(UOps.DEFINE_LOCAL, loads[0].dtype.scalar(), (), (f"panel{rk.arg[0]}", steps * row))  # type: ignore[union-attr]
+  panel = UOp(UOps.DEFINE_LOCAL, next(iter(loads.values())).scalar(), (), (f"panel{rk.arg[0]}", steps * row))
   kk = UOp(UOps.RANGE, i32, (c(0), c(steps)), (f"panel{rk.arg[0]}", False))
-  start = alu(BinaryOps.MUL, blk, c(steps)) if blk is not None else rk.src[0]
+  start: UOp = alu(BinaryOps.MUL, blk, c(steps)) if blk is not None else rk.src[0]
   before = set(uops[:i1])
   copy: list[UOp] = [panel, *[x for x in (c(0), c(steps)) if x not in before], kk]
   memo: dict[UOp, UOp] = {}
   k_at = alu(BinaryOps.ADD, start, kk) if blk is not None or rk.src[0].arg else kk
-  rel = alu(BinaryOps.ADD, rk, alu(BinaryOps.MUL, blk, c(-steps))) if blk is not None else \
+  rel: UOp = alu(BinaryOps.ADD, rk, alu(BinaryOps.MUL, blk, c(-steps))) if blk is not None else \
     alu(BinaryOps.ADD, rk, c(-rk.src[0].arg)) if rk.src[0].arg else rk
   repl: dict[UOp, list[UOp]] = {}
   placed = before | set(uops[i1:ik + 1])
   off = 0
-  at_row = lambda i, o: alu(BinaryOps.ADD, alu(BinaryOps.MUL, i, c(row)), c(o)) if o else alu(BinaryOps.MUL, i, c(row))  # noqa: E731
-  for ld in loads:
+  def at_row(i: UOp, o: int) -> UOp:
+    return alu(BinaryOps.ADD, alu(BinaryOps.MUL, i, c(row)), c(o)) if o else alu(BinaryOps.MUL, i, c(row))
+  for ld, dt in loads.items():
     dst = at_row(kk, off)
     src = _substitute(ld.src[1], {rk: k_at}, memo)
-    val = UOp(UOps.LOAD, ld.dtype, (ld.src[0], src))
+    val = UOp(UOps.LOAD, dt, (ld.src[0], src))
     st = UOp(UOps.STORE, None, (panel, dst, val))
     for x in _closure(src, before) + _closure(dst, before) + [val, st]:
       if x not in copy: copy.append(x)
     at = at_row(rel, off)
-    new = UOp(UOps.LOAD, ld.dtype, (panel, at))
+    new = UOp(UOps.LOAD, dt, (panel, at))
     repl[ld] = [*_closure(at, placed), new]
     placed.update(repl[ld])
-    off += ld.dtype.count  # type: ignore[union-attr]
+    off += dt.count
   copy.append(UOp(UOps.ENDRANGE, None, (kk,)))
   out = uops[:i1] + copy
   swap: dict[UOp, UOp] = {}
@@ -512,7 +514,8 @@ def pack_panel(uops: list[UOp], blocked: Optional[tuple[UOp, UOp, int]], max_ele
       out.extend(repl[u])
       swap[u] = repl[u][-1]
       continue
-    if any(s in swap for s in u.src): u = swap.setdefault(u, UOp(u.op, u.dtype, tuple(swap.get(s, s) for s in u.src), u.arg))
+    if any(s in swap for s in u.src):
+      u = swap.setdefault(u, UOp(u.op, u.dtype, tuple(swap.get(s, s) for s in u.src), u.arg))
     out.append(u)
   return out
 
