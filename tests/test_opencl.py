@@ -442,9 +442,9 @@ def test_cpu_profile_matmul_register_tile(dev):
   rng = np.random.default_rng(3)
   a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
   got, opts, src = _run_ast(dev, _mm_ast(M, N, K), r, {1: a, 2: b}, M * N)
-  # an 8 x 2w tile of 16 vector accumulators, K unrolled by 2, 32 rows (4 row blocks) per work-group
+  # an 8 x 2w tile of 16 vector accumulators, K unrolled by 4, 32 rows (4 row blocks) per work-group
   assert [(o.op, o.axis, o.amt) for o in opts] == [(OptOps.UPCAST, 1, 2 * w), (OptOps.UPCAST, 0, 8),
-                                                   (OptOps.UNROLL, 0, 2), (OptOps.LOCAL, 0, 4)]
+                                                   (OptOps.UNROLL, 0, 4), (OptOps.LOCAL, 0, 4)]
   assert f"float{w} acc15" in src and f"vload{w}(" in src and f"vstore{w}(" in src   # packed vector accumulators
   assert "nontemporal" not in src   # a kernel with a loop keeps plain stores
   np.testing.assert_allclose(got.reshape(M, N), a @ b, rtol=1e-4, atol=1e-4)
