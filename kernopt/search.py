@@ -136,15 +136,18 @@ def _shared_bytes(ast: LazyOp) -> int:
 
 def _itemsize(dt: DType) -> int: return dt.base.itemsize if isinstance(dt, ImageDType) else dt.itemsize
 
-def _over_limits(k: Kernel, ast: LazyOp, cfg: SearchConfig) -> bool:
+def _over_limits(k: Kernel, ast: LazyOp, cfg: SearchConfig, parent_upcast: int = 0) -> bool:
+  """Past the device's limits, or past the search's upcast limit (raised to the parent's: a start beyond it, such as
+  a device profile's hand-coded tile, still has children that don't grow the tile)."""
   r = k.opts
-  return _upcast_size(k) > cfg.max_upcast_size or _local_size(k) > min(cfg.max_local_size, r.max_local_size) or \
-         _shared_bytes(ast) > r.shared_max
+  return _upcast_size(k) > max(cfg.max_upcast_size, parent_upcast) or \
+    _local_size(k) > min(cfg.max_local_size, r.max_local_size) or _shared_bytes(ast) > r.shared_max
 
 def expand(k: Kernel, cfg: SearchConfig, seen: set[str], stats: SearchStats) -> list[tuple[str, Kernel]]:
   """The kernels one action away from k that are valid, within the device's limits and not in `seen` (optimized-AST
   digests, updated in place), with their digests."""
   ret = []
+  parent_upcast = _upcast_size(k)
   for a in actions(k):
     if a.amt not in (None, 0) and a.axis is not None:
       real = a.real_axis(k)
@@ -157,7 +160,7 @@ def expand(k: Kernel, cfg: SearchConfig, seen: set[str], stats: SearchStats) -> 
     digest = ops.ast_digest(ast)
     if digest in seen: continue
     seen.add(digest)
-    if _over_limits(k2, ast, cfg):
+    if _over_limits(k2, ast, cfg, parent_upcast):
       stats.pruned += 1
       continue
     ret.append((digest, k2))

@@ -113,6 +113,16 @@ def test_expand_prunes_and_deduplicates():
   assert all(S._upcast_size(c) <= 2 for _, c in cands)
   assert len({d for d, _ in cands}) == len(cands)
   assert S.expand(k, S.SearchConfig(max_upcast_size=2), seen, stats) == []  # everything already seen
+
+def test_a_start_beyond_the_upcast_limit_still_has_children():
+  """A device profile's hand-coded tile may exceed max_upcast_size; its children that don't grow the tile (another
+  axis unrolled into the same size, a PADTO, a LOCAL) are still candidates, those that grow it are pruned."""
+  k = kernel_of("matmul_64")
+  k.apply_opt(Opt(OptOps.UPCAST, 0, 4))
+  k.apply_opt(Opt(OptOps.UPCAST, 1, 4))
+  stats = S.SearchStats()
+  cands = S.expand(k, S.SearchConfig(max_upcast_size=8), set(), stats)
+  assert cands and stats.pruned > 0 and all(S._upcast_size(c) <= 16 for _, c in cands)
   acts = S.actions(k)
   assert Opt(OptOps.UPCAST, 0, 7) in acts and Opt(OptOps.UNROLL, 0, 0) in acts and Opt(OptOps.PADTO, 2, 32) in acts
   assert not any(a.op is OptOps.LOCAL for a in acts)  # the C dialect has no local threads
