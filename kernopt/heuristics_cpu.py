@@ -4,13 +4,13 @@ when the renderer's `heuristics` is "cpu_native". They shape register tiles for 
 vector accumulators. Only existing OptOps are used, so every choice is checked like any other. Imports errors and opt;
 the Kernel is passed in."""
 from __future__ import annotations
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, TypeGuard
 from kernopt.heuristics import input_bufs, strides, try_opt, vector_axis
 from kernopt.opt import OptOps
 
 if TYPE_CHECKING: from kernopt.kernel import Kernel
 
-def _int(x: object) -> bool: return type(x) is int
+def _int(x: object) -> TypeGuard[int]: return type(x) is int
 
 
 def row_axis(k: Kernel, vaxis: int) -> Optional[int]:

@@ -4,7 +4,7 @@ lanes the renderer packs into floatN ops, and work-groups big enough that PoCL's
 existing OptOps are used, so every choice is checked like any other; a kernel no rule fits gets the spec's
 heuristics. Imports dtype, errors and opt; the Kernel is passed in."""
 from __future__ import annotations
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, TypeGuard
 from kernopt.dtype import ImageDType, dtypes
 from kernopt.heuristics import input_bufs, output_bufs, strides, try_opt, vector_axis
 from kernopt.opt import OptOps
@@ -15,7 +15,7 @@ ELEMENTWISE_LANES = 4    # scalar lanes per work-item of an elementwise kernel: 
 ELEMENTWISE_GROUP = 64   # work-items per work-group of an elementwise kernel
 TILE_ROWS = 32           # rows of a register-tiled reduce per work-group (its row blocks run back to back)
 
-def _int(x: object) -> bool: return type(x) is int
+def _int(x: object) -> TypeGuard[int]: return type(x) is int
 
 
 def row_axis(k: Kernel, vaxis: int) -> Optional[int]:

@@ -10,6 +10,9 @@ from kernopt.dtype import DType, dtypes
 from kernopt.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu, truncate_float
 from kernopt.uops import UOp, UOps
 
+# enum members as module constants: an attribute of an Enum class costs ~0.15 us on Python 3.11
+_ALU, _CONST = UOps.ALU, UOps.CONST
+
 # ***** patterns *****
 
 @dataclass(frozen=True)
@@ -125,29 +128,32 @@ class PatternMatcher:
       ops = list(UOps) if pat.op is None else ([pat.op] if isinstance(pat.op, UOps) else list(pat.op))
       m = compile_upat(pat)
       for op in ops: self.by_op.setdefault(op, []).append((pat, m, fn))
-    self._by_key: dict[tuple[UOps, Any], list[tuple[Matcher, Callable, tuple[frozenset, ...]]]] = {}
+    self._by_key: dict[tuple[UOps, Any], list[tuple[Matcher, Callable, tuple[frozenset, ...], Optional[int]]]] = {}
     self._cands: dict[tuple[UOps, Any, tuple[UOps, ...]], list[tuple[Matcher, Callable]]] = {}
 
-  def _rules(self, op: UOps, arg: Any) -> list[tuple[Matcher, Callable, tuple[frozenset, ...]]]:
-    """(matcher, function, the ops some source must have) of each rule that can match a root with this op and
-    (hashable) arg, in order."""
+  def _rules(self, op: UOps, arg: Any) -> list[tuple[Matcher, Callable, tuple[frozenset, ...], Optional[int]]]:
+    """(matcher, function, the ops some source must have, the number of sources or None for any) of each rule
+    that can match a root with this op and (hashable) arg, in order."""
     key = (op, arg if arg.__hash__ is not None else None)
     if (ret := self._by_key.get(key)) is None:
-      ret = self._by_key[key] = [(m, f, _src_needs(p)) for p, m, f in self.by_op.get(op, ())
-                                 if p.arg is None or p.arg == key[1]]
+      ret = self._by_key[key] = [(m, f, _src_needs(p), None if p.src is None else len(p.src))
+                                 for p, m, f in self.by_op.get(op, ()) if p.arg is None or p.arg == key[1]]
     return ret
 
   def candidates(self, op: UOps, arg: Any, src_ops: tuple[UOps, ...]) -> list[tuple[Matcher, Callable]]:
     """The rules worth matching on a root with this op, (ALU) arg and these source ops: a cheap necessary
-    condition, each source pattern that names ops needs a source with one of them."""
-    ret = [(m, f) for m, f, needs in self._rules(op, arg) if all(any(o in n for o in src_ops) for n in needs)]
+    condition: a pattern with sources needs as many, and each source pattern that names ops a source with one of
+    them."""
+    ret = [(m, f) for m, f, needs, n_src in self._rules(op, arg)
+           if (n_src is None or n_src == len(src_ops)) and all(any(o in n for o in src_ops) for n in needs)]
     if arg is None or isinstance(arg, Enum): self._cands[(op, id(arg), src_ops)] = ret  # members never die
     return ret
 
   def rewrite(self, u: UOp) -> Optional[UOp]:
     """The first rule's replacement of u, or None."""
     op = u.op
-    arg = u.arg if op is UOps.ALU else None
+    if op not in self.by_op: return None
+    arg = u.arg if op is _ALU else None
     src_ops = tuple([s.op for s in u.src])
     rules = self._cands.get((op, id(arg), src_ops))  # an ALU arg is an op enum member: its identity is its value
     if rules is None: rules = self.candidates(op, arg, src_ops)
@@ -186,12 +192,12 @@ def graph_rewrite(root: UOp, pm: PatternMatcher) -> UOp:
 
   for u in toposort(root):
     if u in memo: continue
-    src = u.src
-    if src:
-      new = tuple([memo[s] for s in src])
-      n = u if new == src else UOp(u.op, u.dtype, new, u.arg)
-    else: n = u
-    memo[u] = memo[n] if n in memo else settle(n)
+    for s in u.src:
+      if memo[s] is not s:
+        n = UOp(u.op, u.dtype, tuple([memo[x] for x in u.src]), u.arg)
+        memo[u] = memo[n] if n in memo else settle(n)
+        break
+    else: memo[u] = u if rewrite(u) is None else settle(u)  # the common case, without settle's loop
   return memo[root]
 
 # ***** value bounds of integer UOps *****
@@ -246,13 +252,13 @@ def _bounds(u: UOp) -> tuple[Any, Any]:
 # ***** the rules *****
 
 def _c(u: UOp, v: Any) -> UOp: return UOp.const(u.dtype, v)  # type: ignore[arg-type]
-def _is_const(u: UOp, v: Any) -> bool: return u.op is UOps.CONST and type(u.arg) is not bool and u.arg == v
+def _is_const(u: UOp, v: Any) -> bool: return u.op is _CONST and type(u.arg) is not bool and u.arg == v
 def _add(a: UOp, b: UOp) -> UOp: return UOp(UOps.ALU, a.dtype, (a, b), BinaryOps.ADD)
 def _mul(a: UOp, b: UOp) -> UOp: return UOp(UOps.ALU, a.dtype, (a, b), BinaryOps.MUL)
 
 def fold_alu(x: UOp) -> Optional[UOp]:
   for s in x.src:
-    if s.op is not UOps.CONST: return None
+    if s.op is not _CONST: return None
   if x.dtype is None or x.dtype.count != 1: return None
   return _c(x, exec_alu(x.arg, x.dtype, tuple(s.arg for s in x.src)))
 
@@ -343,8 +349,9 @@ def _alu(op: Any, *src: UPat, name: Optional[str] = None, comm: bool = False, dt
   return UPat(UOps.ALU, op, tuple(src), name, dtype, comm)
 
 RULES: list[Rule] = [
-  # an ALU op of constants is the constant exec_alu computes
-  (UPat(UOps.ALU, name="x"), fold_alu),
+  # an ALU op of constants is the constant exec_alu computes (one pattern per arity: the sources' ops then rule out
+  # every other ALU before anything is called)
+  *[(UPat(UOps.ALU, src=(UPat(UOps.CONST),) * n, name="x"), fold_alu) for n in (1, 2, 3)],
   # a CAST of a constant is the converted constant
   (UPat(UOps.CAST, src=(UPat(UOps.CONST, name="c"),), name="x"), fold_cast),
   # x + 0 -> x
@@ -437,62 +444,67 @@ def order_uops(sink: UOp) -> list[UOp]:
   RANGEs of an accumulator nest by axis inside all non-reduce RANGEs; a PHI's value is read after its loops."""
   topo = toposort(sink)
   pos = {u: i for i, u in enumerate(topo)}
+  # enum members as locals: an attribute of an Enum class costs ~0.15 us on Python 3.11
+  RANGE, DEFINE_ACC, PHI, STORE, SINK = UOps.RANGE, UOps.DEFINE_ACC, UOps.PHI, UOps.STORE, UOps.SINK
+  ranges = [u for u in topo if u.op is RANGE]
   parent: dict[UOp, Optional[UOp]] = {}
-  outer = sorted((u for u in topo if u.op is UOps.RANGE and not u.arg[1]), key=lambda r: r.arg[0])
+  outer = sorted((u for u in ranges if not u.arg[1]), key=lambda r: r.arg[0])
   for i, r in enumerate(outer): parent[r] = outer[i - 1] if i else None
   innermost_outer = outer[-1] if outer else None
   for acc in topo:
-    if acc.op is UOps.DEFINE_ACC:
+    if acc.op is DEFINE_ACC:
       rs = sorted(acc.src, key=lambda r: r.arg[0])
       for i, r in enumerate(rs): parent.setdefault(r, rs[i - 1] if i else innermost_outer)
-  for u in topo:
-    if u.op is UOps.RANGE: parent.setdefault(u, innermost_outer)
+  for u in ranges: parent.setdefault(u, innermost_outer)
   depth: dict[Optional[UOp], int] = {None: 0}
   for r in sorted(parent, key=lambda r: pos[r]): _depth(r, parent, depth)
-
-  RANGE, DEFINE_ACC, PHI, STORE = UOps.RANGE, UOps.DEFINE_ACC, UOps.PHI, UOps.STORE
-  scope: dict[UOp, Optional[UOp]] = {}   # the innermost loop u runs in
-  after: dict[UOp, Optional[UOp]] = {}   # the innermost loop u's value is available in
-  block: dict[UOp, Optional[UOp]] = {}   # the block u is an item of: a RANGE's parent, else u's scope
-  for u in topo:
-    op = u.op
-    if op is RANGE:
-      scope[u] = after[u] = u
-      block[u] = parent[u]
-      continue
-    if op is DEFINE_ACC:
-      sc: Optional[UOp] = parent[min(u.src, key=depth.__getitem__)]
-      # an accumulator's running value is read inside its loops (e.g. as a WMMA's C operand), its final one after
-      after[u] = max(u.src, key=depth.__getitem__) if u.src else sc
-    else:
-      sc, d = None, 0
-      for x in u.src:  # the deepest loop among the sources' (the first one on ties)
-        if (ax := after[x]) is not None and depth[ax] > d: sc, d = ax, depth[ax]
-      if op is PHI:
-        r = max(u.src[0].src, key=depth.__getitem__)
-        if depth[r] > d: sc = r
-        after[u] = parent[min(u.src[0].src, key=depth.__getitem__)]
-      else: after[u] = sc
-    scope[u] = block[u] = sc
 
   def up_to(b: Optional[UOp], d: int) -> Optional[UOp]:
     while depth[b] > d: b = parent[b]  # type: ignore[index]
     return b
 
+  after: dict[UOp, Optional[UOp]] = {}   # the innermost loop u's value is available in
+  block: dict[UOp, Optional[UOp]] = {}   # the block u is an item of: a RANGE's parent, else the loop u runs in
   items: dict[Optional[UOp], list[UOp]] = {}
-  deps: dict[UOp, set[UOp]] = {}
+  # the items of u's block that must come before u (a list: a repeated entry counts in the in-degree as often as it
+  # releases it, and the emission order depends only on the keys). Both ends of every entry are items of the same
+  # block: a source in another block is replaced by the items the two are inside of in their common one.
+  deps: dict[UOp, list[UOp]] = {}
+  params_first = _FIRST
+  # one pass in topological order: a UOp's placement needs only its sources' (and the loop tree)
   for u in topo:
-    if u.op is UOps.SINK: continue
-    bu = block[u]
+    op = u.op
+    if op is RANGE:
+      after[u] = u
+      bu = block[u] = parent[u]
+    elif op is DEFINE_ACC:
+      sc: Optional[UOp] = parent[min(u.src, key=depth.__getitem__)]
+      # an accumulator's running value is read inside its loops (e.g. as a WMMA's C operand), its final one after
+      after[u] = max(u.src, key=depth.__getitem__) if u.src else sc
+      bu = block[u] = sc
+    else:
+      sc, d = None, 0
+      for x in u.src:  # the deepest loop among the sources' (the first one on ties)
+        if (ax := after[x]) is not None and (dx := depth[ax]) > d: sc, d = ax, dx
+      if op is PHI:
+        r = max(u.src[0].src, key=depth.__getitem__)
+        if depth[r] > d: sc = r
+        after[u] = parent[min(u.src[0].src, key=depth.__getitem__)]
+      else: after[u] = sc
+      bu = block[u] = sc
+      if op is SINK: continue
     if (its := items.get(bu)) is None: items[bu] = [u]
     else: its.append(u)
     du = deps.get(u)
-    if du is None: du = deps[u] = set()
-    if u.op is DEFINE_ACC: continue
+    if du is None: du = deps[u] = []
+    if op is DEFINE_ACC: continue
     for s in u.src:
+      # a parameter or constant (no sources, keys 0-4, in the outermost block) is placed before every UOp that has
+      # sources anyway: no entry needed
+      if s.op in params_first and not s.src: continue
       bs = block[s]
       if bs is bu:  # the same block (s can't be a loop u is inside: that RANGE is an item of an outer block)
-        if s is not u: du.add(s)
+        if s is not u: du.append(s)
         continue
       if s.op is RANGE and up_to(bu, depth[s]) is s: continue  # u is inside loop s
       # walk both positions up to their common block, then order the items there
@@ -502,55 +514,91 @@ def order_uops(sink: UOp) -> list[UOp]:
       while depth[b] > depth[a]: ib, b = b, parent[b]  # type: ignore[assignment,index]
       while a is not b: ia, a, ib, b = a, parent[a], b, parent[b]  # type: ignore[assignment,index]
       if ia is not ib:
-        if (di := deps.get(ia)) is None: di = deps[ia] = set()
-        di.add(ib)
+        if (di := deps.get(ia)) is None: di = deps[ia] = [ib]
+        else: di.append(ib)
 
   out: list[UOp] = []
+  first = _FIRST
   def key(u: UOp) -> tuple:
-    # parameters first, in argument order; stores last (gated ones grouped by guard, to share one IF)
-    if u.op is STORE: return (10, pos[u.src[3]] if len(u.src) == 4 else -1, pos[u])
-    if u.op in _FIRST: return (_FIRST[u.op],) + _param_key(u) + (pos[u],)
+    # parameters first, in argument order; stores last (gated ones grouped by guard, to share one IF). Every key
+    # ends with pos[u], so keys are unique and a heap entry (key, u) never compares UOps
+    op = u.op
+    if op is STORE: return (10, pos[u.src[3]] if len(u.src) == 4 else -1, pos[u])
+    if op in first: return (first[op],) + _param_key(u) + (pos[u],)
     return (9, pos[u])
+  heappop, heappush = heapq.heappop, heapq.heappush
+  ENDRANGE, IF, ENDIF = UOps.ENDRANGE, UOps.IF, UOps.ENDIF
+  def put(u: UOp) -> None:
+    op = u.op
+    if op is RANGE:
+      out.append(u)
+      emit(u)
+      out.append(UOp(ENDRANGE, None, (u,)))
+    elif op is STORE and len(u.src) == 4:
+      cond = UOp(IF, None, (u.src[3],))
+      end = UOp(ENDIF, None, (cond,))
+      if out and out[-1] is end: out.insert(len(out) - 1, UOp(STORE, None, u.src[:3]))  # same guard: one IF
+      else: out.extend([cond, UOp(STORE, None, u.src[:3]), end])
+    else: out.append(u)
   def emit(blk: Optional[UOp]) -> None:
+    """The items of blk, each after its dependencies, the smallest key first among those whose dependencies are
+    out (Kahn's algorithm on a heap)."""
     mine = items.get(blk, [])
-    indeg = dict.fromkeys(mine, 0)
-    users: dict[UOp, list[UOp]] = {}
+    # in key order: parameters and constants (keys 0-4), the rest in list order (9, pos: items are listed in
+    # topological order), stores (10)
+    params, plain, stores = [], [], []
     for u in mine:
+      op = u.op
+      if op is STORE: stores.append(u)
+      elif op in first: params.append(u)
+      else: plain.append(u)
+    if params: params = [u for _, u in sorted([(key(u), u) for u in params])]
+    if stores: stores = [u for _, u in sorted([(key(u), u) for u in stores])]
+    ordered = params + plain + stores
+    # while the next smallest key has its dependencies out, the heap would pop exactly it: no heap needed
+    placed: set[UOp] = set()
+    i, n = 0, len(ordered)
+    while i < n:
+      u = ordered[i]
       for d in deps[u]:
-        if d in indeg:
-          indeg[u] += 1
+        if d not in placed: break
+      else:
+        placed.add(u)
+        put(u)
+        i += 1
+        continue
+      break
+    if i == n: return
+    keys, indeg, heap = {}, {}, []
+    users: dict[UOp, list[UOp]] = {}
+    for u in ordered[i:]:
+      keys[u] = k = key(u)
+      c = 0
+      for d in deps[u]:
+        if d not in placed:
+          c += 1
           if (us := users.get(d)) is None: users[d] = [u]
           else: us.append(u)
-    heap = [(key(u), pos[u], u) for u in mine if indeg[u] == 0]
+      if c: indeg[u] = c
+      else: heap.append((k, u))
     heapq.heapify(heap)
-    done = 0
+    done = i
     while heap:
-      _, _, u = heapq.heappop(heap)
+      u = heappop(heap)[1]
       done += 1
-      _emit_one(u, out, emit)
-      for v in users.get(u, ()):
-        indeg[v] -= 1
-        if indeg[v] == 0: heapq.heappush(heap, (key(v), pos[v], v))
-    if done != len(mine):  # an internal invariant: the lowerer builds no graph whose placement needs this
-      raise AssertionError(f"cycle in the UOp graph while linearizing ({len(mine) - done} UOps left in a block)")
+      put(u)
+      if (us := users.get(u)) is not None:
+        for v in us:
+          indeg[v] -= 1
+          if indeg[v] == 0: heappush(heap, (keys[v], v))
+    if done != n:  # an internal invariant: the lowerer builds no graph whose placement needs this
+      raise AssertionError(f"cycle in the UOp graph while linearizing ({n - done} UOps left in a block)")
   emit(None)
   return out
 
 def _depth(r: Optional[UOp], parent: dict[UOp, Optional[UOp]], depth: dict[Optional[UOp], int]) -> int:
   if r not in depth: depth[r] = _depth(parent[r], parent, depth) + 1  # type: ignore[index]
   return depth[r]
-
-def _emit_one(u: UOp, out: list[UOp], emit: Callable[[Optional[UOp]], None]) -> None:
-  if u.op is UOps.RANGE:
-    out.append(u)
-    emit(u)
-    out.append(UOp(UOps.ENDRANGE, None, (u,)))
-  elif u.op is UOps.STORE and len(u.src) == 4:
-    cond = UOp(UOps.IF, None, (u.src[3],))
-    end = UOp(UOps.ENDIF, None, (cond,))
-    if out and out[-1] is end: out.insert(len(out) - 1, UOp(UOps.STORE, None, u.src[:3]))  # same guard: one IF
-    else: out.extend([cond, UOp(UOps.STORE, None, u.src[:3]), end])
-  else: out.append(u)
 
 __all__ = ["UPat", "PatternMatcher", "graph_rewrite", "RULES", "simplifier", "bounds", "vmin", "vmax",
            "linearize", "order_uops", "toposort"]

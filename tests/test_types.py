@@ -6,7 +6,9 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORE = ["kernopt/dtype.py", "kernopt/helpers.py", "kernopt/errors.py", "kernopt/shape", "kernopt/ops.py",
         "kernopt/uops.py", "kernopt/renderers/__init__.py", "kernopt/renderers/cstyle.py", "kernopt/renderers/cuda.py",
         "kernopt/renderers/metal.py", "kernopt/renderers/amd.py", "kernopt/uopgraph.py", "kernopt/lowerer.py",
-        "kernopt/opt.py", "kernopt/heuristics.py", "kernopt/kernel.py"]
+        "kernopt/opt.py", "kernopt/heuristics.py", "kernopt/heuristics_cpu.py", "kernopt/heuristics_opencl.py",
+        "kernopt/kernel.py", "kernopt/renderers/native.py", "kernopt/renderers/opencl.py",
+        "kernopt/renderers/vectorize.py"]
 
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (it is in the test extra)")
 def test_core_is_mypy_clean():

@@ -224,6 +224,7 @@ class NativeCRenderer(CRenderer):
     if self._loop is None or self.parallel != "pthread": return super().render_kernel(name, params, body, preamble)
     return _pthread_kernel(self, name, params, body, preamble)
 
+@functools.lru_cache(None)
 def _fma_helper(name: str, vt: str, n: int) -> str:
   """Lane-wise fmaf: gcc 12 and clang 14 at -O2 turn the loop into one vector FMA (vfmadd...ps); the intrinsics'
   headers would add ~0.4 s to every compile."""

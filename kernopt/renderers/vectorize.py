@@ -4,7 +4,6 @@ ops between them, their accumulators and PHIs become one vector op of W lanes ea
 scalar op it replaces (same operands, same order). A lane read by an unpacked op is read back with a GEP; scalar lanes
 nothing reads any more are dropped. Works on a linearized UOp list and returns one. Imports dtype, ops and uops."""
 from __future__ import annotations
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Optional
 from kernopt.dtype import DType, ImageDType, dtypes
@@ -54,7 +53,8 @@ def _maskable(ld: UOp) -> bool:
 def masked_load_mask(members: tuple[UOp, ...]) -> UOp:
   """int32 lane mask of a masked vector load: the ungated lanes' bits plus, per distinct gate, CAST(gate) * its
   lanes' bits."""
-  fixed, per_gate = 0, {}
+  fixed = 0
+  per_gate: dict[UOp, int] = {}
   for lane, m in enumerate(members):
     if len(m.src) == 2: fixed |= 1 << lane
     else: per_gate[m.src[2]] = per_gate.get(m.src[2], 0) | 1 << lane
@@ -82,30 +82,42 @@ _F32 = dtypes.float32
 def _vector_dtype(dt: Any) -> bool:
   return dt is _F32 or dt is not None and dt.count == 1 and dt.name in _VECTOR_NAMES and not isinstance(dt, ImageDType)
 
+_VECS: dict[tuple[int, int], tuple[DType, DType]] = {}
+def _vec(dt: DType, w: int) -> DType:
+  """dt.vec(w), one object per scalar dtype object and width (DType.vec builds a new one, ~1 us)."""
+  if (hit := _VECS.get((id(dt), w))) is not None and hit[0] is dt: return hit[1]
+  if len(_VECS) > 256: _VECS.clear()
+  ret = dt.vec(w)
+  _VECS[(id(dt), w)] = (dt, ret)   # the entry keeps dt alive: its id is not reused
+  return ret
+
 def _plain_global(buf: UOp) -> bool:
   return buf.op is _DEFINE_GLOBAL and not isinstance(buf.dtype, ImageDType)
 
 class _Packer:
   def __init__(self, uops: list[UOp], width: int, masked: bool = False):
     self.uops, self.width, self.masked = uops, width, masked
-    self.pos: dict[UOp, int] = {}
+    self.pos: dict[UOp, int] = {u: i for i, u in enumerate(uops)}
     self.scope: dict[UOp, tuple[UOp, ...]] = {}
-    self.users: defaultdict[UOp, list[UOp]] = defaultdict(list)
+    self.users: dict[UOp, list[UOp]] = {}   # read with .get only
     self.todo: list[UOp] = []
     self.loads: list[UOp] = []    # float32 loads of plain global buffers
     self.stores: list[UOp] = []   # ungated stores to plain global buffers
-    pos, scopes, users, todo, loads, stores = self.pos, self.scope, self.users, self.todo, self.loads, self.stores
+    scopes, users, todo, loads, stores = self.scope, self.users, self.todo, self.loads, self.stores
     scope: tuple[UOp, ...] = ()
-    for i, u in enumerate(uops):
+    ENDRANGE, ENDIF, RANGE, IF, ALU, LOAD, F32 = _ENDRANGE, _ENDIF, _RANGE, _IF, _ALU, _LOAD, _F32
+    get_users = users.get
+    for u in uops:
       op = u.op
-      if op is _ENDRANGE or op is _ENDIF: scope = scope[:-1]
-      pos[u] = i
+      if op is ENDRANGE or op is ENDIF: scope = scope[:-1]
       scopes[u] = scope
-      if op is _RANGE or op is _IF: scope = scope + (u,)
-      for s in u.src: users[s].append(u)
-      if op is _ALU:
-        if u.arg in VECTOR_ALU and _vector_dtype(u.dtype): todo.append(u)
-      elif op is _LOAD:
+      if op is RANGE or op is IF: scope = scope + (u,)
+      for s in u.src:
+        if (us := get_users(s)) is None: users[s] = [u]
+        else: us.append(u)
+      if op is ALU:
+        if (u.dtype is F32 or _vector_dtype(u.dtype)) and u.arg in VECTOR_ALU: todo.append(u)
+      elif op is LOAD:
         if (len(u.src) == 2 or len(u.src) == 4) and _vector_dtype(u.dtype) and _plain_global(u.src[0]): loads.append(u)
       elif op is _PHI: todo.append(u)
       elif op is _STORE and len(u.src) == 3 and _plain_global(u.src[0]):
@@ -148,15 +160,18 @@ class _Packer:
   def alu_key(self, u: UOp) -> Optional[tuple[Any, int]]:
     lane: Optional[int] = None
     parts: list[Any] = []
+    of, accs = self.of, 0
     for s in u.src:
-      if s in self.of:
-        gid, ln = self.of[s]
+      if (o := of.get(s)) is not None:
+        gid, ln = o
         if lane is not None and ln != lane: return None
         lane = ln
         parts.append(("v", gid))
-      elif s.op is _DEFINE_ACC: parts.append(("a",))
+      elif s.op is _DEFINE_ACC:
+        parts.append(("a",))
+        accs += 1
       else: parts.append(("s", s))
-    if lane is None or sum(p[0] == "a" for p in parts) > 1: return None
+    if lane is None or accs > 1: return None
     return ("alu", u.arg, self.scope[u], tuple(parts)), lane
 
   def store_key(self, u: UOp) -> Optional[tuple[Any, int]]:
@@ -171,7 +186,9 @@ class _Packer:
     of = self.of
     self.todo = [u for u in self.todo if u not in of]
     for u in self.todo:
-      if not any(s in of for s in u.src): continue
+      for s in u.src:
+        if s in of: break
+      else: continue
       found: Optional[tuple[Any, int]] = None
       if u.op is _ALU: found = self.alu_key(u)
       elif u.op is _PHI and u.src[0] in self.of and u.src[1] in self.of:
@@ -215,20 +232,31 @@ class _Packer:
     """An operand for lanes: ("s", u) one scalar, ("v", group) packed lanes, ("g", lanes) a gather; None if the
     lanes can't be one vector."""
     l0 = lanes[0]
-    if not _vector_dtype(l0.dtype) or any(ln.dtype is not l0.dtype and ln.dtype != l0.dtype for ln in lanes):
-      return None
-    if all(ln is l0 for ln in lanes): return ("s", l0)
-    if all(ln in self.of for ln in lanes):
-      gid = self.of[l0][0]
-      if all(self.of[ln] == (gid, i) for i, ln in enumerate(lanes)): return ("v", gid)
-    if depth > 24 or any(ln in self.of for ln in lanes) or len(set(lanes)) != len(lanes) or \
-       any(self.scope.get(ln) != self.scope.get(l0) for ln in lanes): return ("g", lanes)
-    if all(ln.op is _PHI for ln in lanes): return self.tree_phi(lanes, depth)
-    if all(ln.op is _ALU and ln.arg is l0.arg and len(ln.src) == len(l0.src) for ln in lanes) and \
-       l0.arg in VECTOR_ALU:
+    d0, of = l0.dtype, self.of
+    if not _vector_dtype(d0): return None
+    # one loop for the cheap tests (generator expressions cost ~1 us each on 8-16 lanes)
+    same, n_of = True, 0
+    for ln in lanes:
+      if ln is not l0:
+        same = False
+        if ln.dtype is not d0 and ln.dtype != d0: return None
+      if ln in of: n_of += 1
+    if same: return ("s", l0)
+    if n_of == len(lanes):
+      gid = of[l0][0]
+      if all(of[ln] == (gid, i) for i, ln in enumerate(lanes)): return ("v", gid)
+    if depth > 24 or n_of or len(set(lanes)) != len(lanes): return ("g", lanes)
+    scope = self.scope
+    s0 = scope.get(l0)
+    for ln in lanes:
+      if scope.get(ln) != s0: return ("g", lanes)
+    op0, arg0, n0 = l0.op, l0.arg, len(l0.src)
+    if op0 is _PHI and all(ln.op is _PHI for ln in lanes): return self.tree_phi(lanes, depth)
+    if op0 is _ALU and all(ln.op is _ALU and ln.arg is arg0 and len(ln.src) == n0 for ln in lanes) and \
+       arg0 in VECTOR_ALU:
       parts = [self.tree(tuple(ln.src[i] for ln in lanes), depth + 1) for i in range(len(l0.src))]
       if any(p is None for p in parts): return ("g", lanes)
-      return ("v", self.add("alu", lanes, tuple(parts), {p[1] for p in parts if p[0] == "v"}))
+      return ("v", self.add("alu", lanes, tuple(parts), {p[1] for p in parts if p is not None and p[0] == "v"}))
     if all(ln.op is _LOAD and len(ln.src) == 2 and ln.src[0] is l0.src[0] for ln in lanes) and \
        _plain_global(l0.src[0]):
       base, off = _base_offset(l0.src[1])
@@ -251,7 +279,7 @@ class _Packer:
     if any(p is None for p in others): return None
     acc = self.add("acc", accs)
     parts = tuple(others[:at]) + (("a", acc),) + tuple(others[at:])
-    alu = self.add("alu", upds, parts, {acc} | {p[1] for p in others if p[0] == "v"})
+    alu = self.add("alu", upds, parts, {acc} | {p[1] for p in others if p is not None and p[0] == "v"})
     self.groups[acc].deps.add(alu)
     return ("v", self.add("phi", lanes, deps={acc, alu}))
 
@@ -273,14 +301,16 @@ class _Packer:
     """Distinct alike accumulators, each read only by its lane's op and assigned only by PHI(acc, that op)."""
     if len(set(accs)) != len(accs) or any(a in self.of for a in accs): return False
     a0 = accs[0]
-    if any(a.dtype != a0.dtype or a.src != a0.src or a.arg[0] != a0.arg[0] for a in accs): return False
+    d0 = a0.dtype
+    if any((a.dtype is not d0 and a.dtype != d0) or a.src != a0.src or a.arg[0] != a0.arg[0] for a in accs):
+      return False
     for a, m in zip(accs, members):
       if any(not (x is m or (x.op is _PHI and x.src == (a, m))) for x in self.users.get(a, [])): return False
     return True
 
   # ***** checking placement *****
 
-  def place(self, g: _Group) -> int: return max(self.pos[m] for m in g.members)
+  def place(self, g: _Group) -> int: return max(map(self.pos.__getitem__, g.members))
 
   def visible_scope(self, gid: int) -> tuple[UOp, ...]:
     g = self.groups[gid]
@@ -330,7 +360,7 @@ class _Packer:
     live = [gid for gid, g in enumerate(groups) if g.live]
     if not live: return self.uops
     pos = self.pos
-    at: dict[int, int] = {max(pos[m] for m in groups[gid].members): gid for gid in live}
+    at: dict[int, int] = {max(map(pos.__getitem__, groups[gid].members)): gid for gid in live}
     # lanes dropped from the list (a load's or gather's lanes stay as scalar loads for scalar readers)
     rep: dict[UOp, tuple[int, int]] = {}
     for gid in live:
@@ -358,7 +388,7 @@ class _Packer:
             out.append(nu)
             break
         else: out.append(u)
-      if (gid := at.get(i)) is not None: self.emit_group(gid, vec, scalar, out, emitted)
+      if (here := at.get(i)) is not None: self.emit_group(here, vec, scalar, out, emitted)
     return out
 
   def emit_group(self, gid: int, vec: dict[int, UOp], scalar: Any, out: list[UOp],
@@ -366,7 +396,7 @@ class _Packer:
     g, w = self.groups[gid], self.width
     m0 = g.members[0]
     dt: DType = (m0.src[2].dtype if g.kind == "store" else m0.dtype)  # type: ignore[assignment]
-    vdt = dt.vec(w)
+    vdt = _vec(dt, w)
     if g.kind == "load": v = UOp(_LOAD, vdt, (scalar(m0.src[0]), scalar(m0.src[1])))
     elif g.kind == "gather": v = UOp(_VECTORIZE, vdt, tuple(scalar(m) for m in g.members))
     elif g.kind == "mload":
