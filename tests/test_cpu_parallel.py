@@ -14,9 +14,9 @@ from kernopt.uops import UOp, UOps
 
 pytestmark = pytest.mark.skipif(not cpu.CPUDevice.availability()[0], reason="no C compiler")
 
-def run_case(name: str, **device_options):
+def run_case(name: str, scale: str = "small", **device_options):
   """(source, outputs) of catalogue case `name` under the standard protocol on Device.open("CPU", **options)."""
-  case, dev = get(name), Device.open("CPU", min_parallel_work=0, **device_options)
+  case, dev = get(name, scale), Device.open("CPU", min_parallel_work=0, **device_options)
   k = Kernel(case.ast, opts=dev.renderer).required_optimizations()
   if not k.apply_tensor_cores(): k.hand_coded_optimizations()
   prg = k.to_program()
@@ -116,12 +116,13 @@ def test_pool_repeated_and_concurrent_launches():
 
 def test_short_outer_loop_collapsed_with_the_next():
   """conv2d's outer loop (few channel tiles) is split together with the row loop inside it: one flat index, many
-  small chunks, every output element still computed by one thread in the same order."""
-  src1, one = run_case("conv2d", threads=1)
-  src3, pth = run_case("conv2d", threads=3, parallel="pthread")
+  small chunks, every output element still computed by one thread in the same order. (The large conv: the small
+  one's 8 channels are one tile, leaving a single loop.)"""
+  src1, one = run_case("conv2d", "large", threads=1)
+  src3, pth = run_case("conv2d", "large", threads=3, parallel="pthread")
   assert "for (int64_t ridx0_f = " in src3 and "int32_t ridx1 = (int32_t)(0) + (int32_t)(ridx0_f % " in src3
   assert all(a.tobytes() == b.tobytes() for a, b in zip(one, pth))
-  src2, _ = run_case("conv2d", threads=2, parallel="openmp")
+  src2, _ = run_case("conv2d", "large", threads=2, parallel="openmp")
   assert "_f /" not in src2
 
 def test_collapse_rules():
