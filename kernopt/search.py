@@ -534,6 +534,13 @@ class _Search:
     if best.time_s <= baseline.time_s or self.winners([baseline], 1, force=True) == []: return best
     return baseline
 
+  def _restart(self, pool: list[_Cand], expanded: set[str], best: _Cand, width: int) -> list[_Cand]:
+    """The next beam of a converged budgeted search: the `width` fastest valid timed candidates not expanded yet,
+    within `cutoff` of the best; [] ends the search."""
+    rest = sorted({c.digest: c for c in pool if c.digest not in expanded and c.runner is not None and
+                   c.time_s <= self.cfg.cutoff * best.time_s}.values(), key=lambda c: c.time_s)
+    return self.winners(rest, width)
+
   def _near(self, beam: list[_Cand]) -> list[_Cand]:
     """beam without the kernels over `cutoff` times slower than its best: their children are rarely worth building."""
     return [c for c in beam if c.time_s <= self.cfg.cutoff * beam[0].time_s] if beam else beam
@@ -575,10 +582,15 @@ class _Search:
     best = beam[0] if beam else start
     self._reserve(best, baseline)
     rnd, stale = 0, 0
+    expanded: set[str] = set()
+    pool: list[_Cand] = list(timed)   # every timed candidate: with a budget, a converged search goes on from them
     while beam and rnd < cfg.max_rounds and not self.out_of_time():
       rnd += 1
+      expanded.update(c.digest for c in beam)
       cands = _interleave([[_Cand(d, k) for d, k in expand(c.kernel, cfg, seen, self.stats)] for c in beam])
-      if not cands: break
+      if not cands:
+        beam = self._restart(pool, expanded, best, width) if cfg.time_budget_s is not None else []
+        continue
       self.progress.round(rnd, len(cands), best.time_s)
       timed = []
       for i in range(0, len(cands), self.chunk):  # build a chunk, time it: a budget ending mid-round wastes no build
@@ -587,12 +599,17 @@ class _Search:
         timed += self.time_all(self.build(chunk))
         if self.out_of_time(): break
       timed.sort(key=lambda c: c.time_s)
+      pool += timed
       new = self._near(self.winners(timed, width))
       self.stats.rounds = rnd
       improved = bool(new) and new[0].time_s < best.time_s * (1 - cfg.min_progress)
       if new and new[0].time_s < best.time_s: best = new[0]
       stale = 0 if improved else stale + 1
-      if not new or stale > (cfg.patience if cfg.time_budget_s is not None else 0): break
+      if not new or stale > (cfg.patience if cfg.time_budget_s is not None else 0):
+        if cfg.time_budget_s is None: break
+        # converged with budget left: continue from the fastest candidates not expanded yet
+        beam, stale = self._restart(pool, expanded, best, width), 0
+        continue
       beam = new
     if baseline is not None and baseline is not best and baseline.runner is not None and best.runner is not None and \
        baseline.valid is not False:

@@ -197,9 +197,21 @@ def test_export_import_gives_hits_validated_once(monkeypatch, tmp_path, cache_di
 
 def test_budget_ends_the_search(tmp_path):
   with config_override(CACHE_DIR=str(tmp_path)):  # a cold compile cache: building is what the budget cuts
-    res = S.search(kernel_of("conv2d"), None, S.SearchConfig(time_budget_s=1.5, workers=0, progress=False))
+    # the large conv: the small one's space is searched out within the budget
+    big = catalogue.get("conv2d", "large")
+    res = S.search(Kernel(big.ast, opts=DEV.renderer), None, S.SearchConfig(time_budget_s=1.5, workers=0,
+                                                                             progress=False))
   assert res.stats.out_of_budget and res.stats.wall_s < 1.5 + 3.0
-  check_numpy(res.kernel, catalogue.get("conv2d"))
+  check_numpy(res.kernel, big)
+
+def test_a_converged_search_goes_on_within_its_budget():
+  """With budget left after `patience` rounds without progress, the search continues from the fastest candidates it
+  has timed but not expanded, so it builds more than a budget-free search, which stops there."""
+  k = kernel_of("matmul_512")
+  free = S.search(k, None, S.SearchConfig(workers=0, progress=False, max_rounds=12))
+  budgeted = S.search(k, None, S.SearchConfig(time_budget_s=60, workers=0, progress=False, max_rounds=12))
+  assert budgeted.stats.compiled > free.stats.compiled and budgeted.stats.rounds > free.stats.rounds
+  check_numpy(budgeted.kernel, catalogue.get("matmul_512"))
 
 def test_tune_all_on_a_dask_cluster(monkeypatch, tmp_path):
   from dask.distributed import Client, LocalCluster  # required: pip install "dask[distributed]" (the test extra)
