@@ -88,7 +88,7 @@ class Config:
   CPU_THREADS: int = 0
   CL_DEVICE: str = ""
   FUZZ_N: int = 0
-  COMPILE_TIMEOUT: int = 0   # seconds a device compiler may run before its build fails (0: no limit)
+  COMPILE_TIMEOUT: float = 0.0   # seconds a device compiler may run before its build fails (0: no limit)
 
   @staticmethod
   def from_env(env: Optional[dict[str, str]] = None) -> Config:
@@ -96,8 +96,8 @@ class Config:
     vals: dict[str, Any] = {}
     for f in fields(Config):
       if f.name not in env: continue
-      if f.type in ("int", int):
-        try: vals[f.name] = int(env[f.name])
+      if f.type in ("int", int, "float", float):
+        try: vals[f.name] = (int if f.type in ("int", int) else float)(env[f.name])
         except ValueError: continue
       else: vals[f.name] = env[f.name]
     if "CACHEDIR" in env and "CACHE_DIR" not in vals: vals["CACHE_DIR"] = env["CACHEDIR"]

@@ -32,6 +32,8 @@ EXPORT_VERSION = 1
 KEY_VERSION = 1   # bump when the meaning of a tuning entry changes
 
 # the action space: amounts tried for each kind of Opt (0: the whole axis)
+# seconds a finished search waits for its workers' running builds (PoCL's can't be interrupted)
+SHUTDOWN_GRACE_S = 1.0
 UPCAST_AMTS = (0, 2, 3, 4, 5, 7, 8, 16)
 UNROLL_AMTS = (0, 2, 3, 4, 5, 7, 8, 16)
 LOCAL_AMTS = (2, 3, 4, 8, 13, 16, 29)
@@ -367,6 +369,7 @@ class _Search:
     self.bufs = list(buffers) if buffers else self.validator.bufs  # type: ignore[union-attr]
     self.executor, self.own_executor = cfg.executor, False
     self.threads: Optional[cf.ThreadPoolExecutor] = None
+    self.inflight: set[cf.Future] = set()   # builds submitted to the executor and not collected
     self.ast_json = ops.ast_to_json(kernel.ast)
     self.ast_digest = ops.ast_digest(kernel.ast)
     show = cfg.progress if cfg.progress is not None else (getconfig().DEBUG >= 1 or sys.stderr.isatty())
@@ -387,10 +390,11 @@ class _Search:
 
   def _reserve(self, best: _Cand, baseline: Optional[_Cand]) -> None:
     """Move the deadline earlier by what one pass of the final interleaved re-timing (it does as many of its 3 passes
-    as fit) and shutting down take, so the whole search, those included, ends within time_budget_s."""
+    as fit) and shutting down (the workers' last builds) take, so the whole search ends within time_budget_s."""
     if self.cfg.time_budget_s is None: return
     confirm = 1.5 * (self._measure_cost(best.time_s) + (self._measure_cost(baseline.time_s) if baseline else 0.0))
-    self.deadline = self.t0 + self.cfg.time_budget_s - confirm - 0.02 * self.cfg.time_budget_s - 0.05
+    grace = min(SHUTDOWN_GRACE_S, 0.1 * self.cfg.time_budget_s) if self.executor is not None else 0.0
+    self.deadline = self.t0 + self.cfg.time_budget_s - confirm - grace - 0.02 * self.cfg.time_budget_s - 0.05
 
   # -- build --
   def start_pool(self) -> None:
@@ -444,14 +448,15 @@ class _Search:
 
   def _build_remote(self, cands: list[_Cand], force: bool) -> list[tuple[_Cand, Optional[Program], str]]:
     spec = _device_spec(self.dev) if hasattr(self.dev, "so_path") or self.dev.name in _DISK_CACHED else None
-    # a worker's compiler is killed once it outlives the wait for it
-    knobs = {**_knobs(), "COMPILE_TIMEOUT": math.ceil(self.cfg.compile_timeout_s)}
+    # a worker's compiler is killed once it outlives the wait for it (at the latest when the budget ends)
+    knobs = {**_knobs(), "COMPILE_TIMEOUT": max(self._wait_limit(force), 0.05)}
     assert self.executor is not None
     futs = {self.executor.submit(_render_task, _RenderTask(self.ast_json, self.ast_digest, c.kernel.applied_opts,
                                                            c.kernel.opts, spec, knobs, self.dev.name == "PYTHON",
                                                            spec is not None and self.dev.name == "OPENCL")): c
             for c in cands}
     pending, ret = set(futs), []
+    self.inflight |= pending
     while pending:  # until the budget ends or no candidate finishes for compile_timeout_s
       done, pending = cf.wait(pending, timeout=self._wait_limit(force), return_when=cf.FIRST_COMPLETED)
       if not done: break
@@ -461,6 +466,7 @@ class _Search:
         except Exception as e: prg, err = None, f"{type(e).__name__}: {e}"
         ret.append((futs[f], prg, err))
     for f in pending: f.cancel()
+    self.inflight = {f for f in self.inflight if not f.done()}
     self.stats.failed += len(pending)
     self.out_of_time()
     return ret
@@ -514,7 +520,15 @@ class _Search:
       if c.valid is not False: ret.append(c)
     return ret
 
-  def _drop_executor(self) -> None:
+  def _drop_executor(self, wait: bool = False) -> None:
+    """Stop using the worker pool. With `wait` (the end of a search), builds still running get up to
+    SHUTDOWN_GRACE_S to end (a CPU compile is killed at the budget's end by COMPILE_TIMEOUT), so they don't compete
+    with whatever the caller times next."""
+    for f in self.inflight: f.cancel()
+    if wait and self.inflight:
+      left = self.t0 + self.cfg.time_budget_s - time.perf_counter() if self.cfg.time_budget_s is not None else math.inf
+      cf.wait(self.inflight, timeout=max(0.1, min(SHUTDOWN_GRACE_S, left)))
+    self.inflight = set()
     if self.own_executor and self.executor is not None: self.executor.shutdown(wait=False, cancel_futures=True)
     if self.threads is not None: self.threads.shutdown(wait=False)
     self.threads = None
@@ -547,7 +561,7 @@ class _Search:
 
   def run(self) -> SearchResult:
     try: res = self._run()
-    finally: self._drop_executor()
+    finally: self._drop_executor(wait=True)
     self.stats.wall_s = time.perf_counter() - self.t0
     self.progress.close(res.time_s, self.stats)
     return res

@@ -170,7 +170,7 @@ class CPUDevice(Compiled):
       limit = getconfig().COMPILE_TIMEOUT or None
       try: out = _run([self.cc, *self.flags(), "-x", "c", "-", "-o", tmp, "-lm"], "compile", src, limit)
       except subprocess.TimeoutExpired:   # subprocess.run has killed the compiler
-        raise CompileError(f"{self.cc} took over {limit} s (COMPILE_TIMEOUT) to compile {name}", "", src) from None
+        raise CompileError(f"{self.cc} took over {limit:g} s (COMPILE_TIMEOUT) to compile {name}", "", src) from None
       if out.returncode != 0: raise CompileError(f"{self.cc} failed to compile {name}", out.stderr, src)
       if getconfig().DISABLE_CACHE: return tmp
       os.replace(tmp, path)  # atomic: a parallel process sees either no file or a complete one
