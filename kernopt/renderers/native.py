@@ -20,6 +20,9 @@ PARALLEL_MODES = ("pthread", "openmp", "none")
 MIN_PARALLEL_WORK = 1 << 20
 # reduce steps per block when a matmul-like kernel's reduce is split (`block_reduce`): its B panel then stays in L2
 REDUCE_BLOCK = 256
+# a loop-free-but-one elementwise kernel storing at least this many float32 elements writes them with non-temporal
+# stores (its output is bigger than the caches and written once: no read-for-ownership of every line)
+STREAM_MIN = 1 << 22
 # a packed B panel of at most this many elements (128 KiB of float32: a 512^3 matmul's whole K x 16 panel)
 PANEL_ELEMENTS = 32768
 # chunks per thread of a collapsed parallel loop (a plain one gets 4: matmul 1024^3's 64 panels in 32 chunks measured
@@ -81,19 +84,23 @@ class NativeCRenderer(CRenderer):
     self.reduce_block = REDUCE_BLOCK
     # most elements of a packed B panel (pack_panel; 0: off)
     self.panel_elements = PANEL_ELEMENTS
+    # big elementwise outputs written with non-temporal stores (`streams`), fenced before the kernel returns
+    self.stream_stores = True
     # a matmul's K x N SUM accumulates a*b in one rounding (MULACC), as BLAS does: one instruction instead of two
     self.fused_accumulate = host_has_fma() if fused_accumulate is None else fused_accumulate
     self._loop: Optional[UOp] = None
     self._inner: Optional[UOp] = None   # the loop split together with _loop (collapsed_loop)
     self._flat = ""
     self._blocked: Optional[tuple[UOp, UOp, int]] = None   # (block RANGE, reduce RANGE, steps) of this render
+    self._stream = False   # this render's vector float32 stores are non-temporal
     self._block_var = ""
 
   def capabilities(self) -> dict[str, Any]:
     return {**super().capabilities(), "vector_width": self.vector_width, "threads": self.threads,
             "parallel": self.parallel, "min_parallel_work": self.min_parallel_work, "interchange": self.interchange,
             "pin_loads": self.pin_loads, "masked_loads": self.masked_loads, "reduce_block": self.reduce_block,
-            "panel_elements": self.panel_elements, "fused_accumulate": self.fused_accumulate}
+            "panel_elements": self.panel_elements, "fused_accumulate": self.fused_accumulate,
+            "stream_stores": self.stream_stores}
 
   def __repr__(self) -> str:
     return f"NativeCRenderer(vector_width={self.vector_width}, threads={self.threads}, parallel={self.parallel!r})"
@@ -201,10 +208,12 @@ class NativeCRenderer(CRenderer):
     if swapped and self.reduce_block: uops, self._blocked = block_reduce(uops, self.reduce_block)
     if swapped and self.panel_elements: uops = pack_panel(uops, self._blocked, self.panel_elements)
     self._inner = self.collapsed_loop(uops, self._loop) if self._loop is not None else None
+    # (OpenMP's workers would need a fence of their own after the loop: not streamed)
+    self._stream = self.stream_stores and self.parallel != "openmp" and streams(uops, self.vector_width)
     outer = getattr(_state, "helpers", None)
     _state.helpers = {}
     try: return _NativeEmitter(self).emit(name, uops)
-    finally: self._loop, self._inner, self._blocked, _state.helpers = None, None, None, outer
+    finally: self._loop, self._inner, self._blocked, self._stream, _state.helpers = None, None, None, False, outer
 
   def render_local(self, name: str, dt: DType, size: int) -> str:
     return f"{self.render_dtype(dt)} {name}[{size}] __attribute__((aligned(64)));"
@@ -220,9 +229,44 @@ class NativeCRenderer(CRenderer):
                       f"for (int l = 0; l < {n}; l++) v[l] = (m >> l) & 1 ? b[i + l] : 0.0f; return v; }}")
     return f"{name}({buf}, {idx}, {mask})"
 
+  def render_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
+    if not self._stream or dt.count != self.vector_width or dt.scalar() != dtypes.float32:
+      return super().render_store(buf, idx, val, dt, buf_dt)
+    vt = self.render_dtype(dt)
+    name = f"ko_stream_{vt}"
+    self.helper(name, _stream_helper(name, vt, dt.count))
+    return f"{name}({buf}+{idx}, {val});"
+
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
+    # non-temporal stores are fenced before the work is reported done: here at the end of a serial kernel, in the
+    # pool by each thread before it reports a chunk (ko_claim)
+    if self._stream and (self._loop is None or self.parallel != "pthread"): body = body + ["  ko_stream_fence();"]
     if self._loop is None or self.parallel != "pthread": return super().render_kernel(name, params, body, preamble)
     return _pthread_kernel(self, name, params, body, preamble)
+
+# x86 non-temporal store of n floats: (builtin, ISA macro)
+_MOVNT = {4: ("__builtin_ia32_movntps", "__SSE__"), 8: ("__builtin_ia32_movntps256", "__AVX__"),
+          16: ("__builtin_ia32_movntps512", "__AVX512F__")}
+
+@functools.lru_cache(None)
+def _stream_helper(name: str, vt: str, n: int) -> str:
+  """A vector store that skips the caches where it can: clang's __builtin_nontemporal_store, gcc's movntps builtin
+  (either needs the address aligned to the vector: checked, else a plain store); a plain store on other hosts."""
+  lines = ["#if defined(__x86_64__) && defined(__SSE__)", "#define ko_stream_fence() __builtin_ia32_sfence()", "#else",
+           "#define ko_stream_fence() ((void)0)", "#endif", f"static inline void {name}(float* p, {vt} v) {{"]
+  if n in _MOVNT:
+    fn, isa = _MOVNT[n]
+    lines += [f"#if defined(__x86_64__) && defined({isa})",
+              f"  if (((uintptr_t)p & {4 * n - 1}) == 0) {{",
+              "#if defined(__clang__)",
+              f"    __builtin_nontemporal_store(v, ({vt}*)p);",
+              "#else",
+              f"    {fn}(p, v);",
+              "#endif",
+              "    return;",
+              "  }",
+              "#endif"]
+  return "\n".join(lines + ["  memcpy(p, &v, sizeof(v));", "}"])
 
 @functools.lru_cache(None)
 def _fma_helper(name: str, vt: str, n: int) -> str:
@@ -258,7 +302,7 @@ static int ko_done, ko_workers;
 #define ko_pause() __asm__ __volatile__("" ::: "memory")
 #endif
 static int ko_claim(ko_ctx_t* c) {
-  if (c->have && __atomic_add_fetch(&ko_done, 1, __ATOMIC_SEQ_CST) == KO_CHUNKS) ko_wake(&ko_done);
+  if (c->have) { KO_FENCE if (__atomic_add_fetch(&ko_done, 1, __ATOMIC_SEQ_CST) == KO_CHUNKS) ko_wake(&ko_done); }
   c->have = 0;
   long long s = __atomic_load_n(&ko_state, __ATOMIC_ACQUIRE);
   while ((s >> 24) == c->gen && (s & 0xFFFFFF) < KO_CHUNKS)
@@ -308,7 +352,8 @@ def _pthread_kernel(r: NativeCRenderer, name: str, params: list[str], body: list
   name_part to the shared object's pool (_POOL)."""
   names = [p.split()[-1] for p in params]
   fields = "".join(f" {p.replace(' restrict', '')};" for p in params)
-  pool = _POOL.replace("KO_CHUNKS", str(r.chunks)).replace("KO_THREADS", str(r.threads))
+  pool = _POOL.replace("KO_CHUNKS", str(r.chunks)).replace("KO_THREADS", str(r.threads)) \
+    .replace("KO_FENCE ", "ko_stream_fence(); " if r._stream else "")
   head = "\n".join([*r.includes, "#include <pthread.h>", "#include <sched.h>", *preamble, pool])
   part = f"static void {name}_part({', '.join(params + ['ko_ctx_t* ko_ctx'])}) {{\n" + "\n".join(body) + "\n}\n"
   args = ", ".join([f"a->{n}" for n in names] + ["c"])
@@ -519,4 +564,25 @@ def pack_panel(uops: list[UOp], blocked: Optional[tuple[UOp, UOp, int]], max_ele
       u = swap.setdefault(u, UOp(u.op, u.dtype, tuple(swap.get(s, s) for s in u.src), u.arg))
     out.append(u)
   return out
+
+# ***** non-temporal stores *****
+
+def streams(uops: list[UOp], width: int) -> bool:
+  """An elementwise kernel (no reduce, no accumulator, no local memory) whose float32 outputs, stored only as
+  `width`-lane vectors and never read back by it, total at least STREAM_MIN elements over constant loops."""
+  trips, stored, stored_bufs = 1, 0, set()
+  for u in uops:
+    if u.op is UOps.RANGE:
+      lo, hi = u.src
+      if u.arg[1] or lo.op is not UOps.CONST or hi.op is not UOps.CONST: return False
+      trips *= hi.arg - lo.arg
+    elif u.op in (UOps.DEFINE_ACC, UOps.DEFINE_LOCAL, UOps.SPECIAL): return False
+    elif u.op is UOps.STORE:
+      dt = u.src[2].dtype
+      if u.src[0].op is not UOps.DEFINE_GLOBAL or u.src[0].dtype != dtypes.float32 or dt is None or \
+         dt.count != width or len(u.src) != 3: return False
+      stored += dt.count
+      stored_bufs.add(u.src[0])
+  if any(u.op is UOps.LOAD and u.src[0] in stored_bufs for u in uops): return False
+  return stored > 0 and trips * stored >= STREAM_MIN
 
