@@ -213,12 +213,18 @@ class _Lowerer:
       for j, size in enumerate(self.up_sizes):  # lanes are the product of the upcast ranges, last axis fastest
         st = strides.get(j, 0)
         offs = [o + st * k for o in offs for k in range(size)]
-      if base.min == base.max: return [_const(base.min + o) for o in offs]
-      if b.op is _ALU and b.arg is _ADD and b.src[1].op is _CONST:
+      # one UOp per distinct offset (lanes along a broadcast axis share theirs): interning would return the same
+      # node for a repeated offset anyway, this only skips building it again
+      by_off: dict[int, Any] = dict.fromkeys(offs)
+      if base.min == base.max:
+        for o in by_off: by_off[o] = _const(base.min + o)
+      elif b.op is _ALU and b.arg is _ADD and b.src[1].op is _CONST:
         # (x + c) + o built as x + (c+o): what the rewrites would make of it, without rebuilding every user
         x, c = b.src[0], b.src[1].arg
-        return [b if o == 0 else x if c + o == 0 else UOp(_ALU, I32, (x, _const(c + o)), _ADD) for o in offs]
-      return [b if o == 0 else UOp(_ALU, I32, (b, _const(o)), _ADD) for o in offs]
+        for o in by_off: by_off[o] = b if o == 0 else x if c + o == 0 else UOp(_ALU, I32, (x, _const(c + o)), _ADD)
+      else:
+        for o in by_off: by_off[o] = b if o == 0 else UOp(_ALU, I32, (b, _const(o)), _ADD)
+      return [by_off[o] for o in offs]
     cache: dict[tuple[int, ...], UOp] = {}
     inv = {j: v for v, j in self.up_vars.items()}
     # a conjunction is substituted conjunct by conjunct, each once per value of the upcast variables it reads
@@ -324,7 +330,10 @@ class _Lowerer:
       if v.op is _CONST: return UOp(_LOAD, ldt, (buf, i)) if v.arg else alt
       return UOp(_LOAD, ldt, (buf, UOp(_ALU, I32, (v, i, _const(0)), _WHERE), v, alt))
     if (vec := self._vector_axis(mb, idx, valid)) is None:
-      return [one(i, v, dt, zero) for i, v in zip(idxs, valids)]
+      # one LOAD per distinct (index, guard) pair: lanes along an axis the buffer broadcasts read the same element
+      made: dict[tuple[UOp, UOp], Any] = dict.fromkeys(zip(idxs, valids))
+      for iv in made: made[iv] = one(iv[0], iv[1], dt, zero)
+      return [made[iv] for iv in zip(idxs, valids)]
     j, w = vec
     out: list[UOp] = [zero] * len(self.lanes)
     vzero = UOp(UOps.VECTORIZE, dt.vec(w), (zero,) * w)

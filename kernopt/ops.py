@@ -32,6 +32,9 @@ class BufferOps(Enum):
 class MetaOps(Enum):
   KERNEL = auto()
 
+for _e in (UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, MetaOps):
+  _e.__hash__ = object.__hash__  # type: ignore[method-assign]  # members are singletons: hash by identity
+del _e
 Op = Union[UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, MetaOps]
 ALUOp = Union[UnaryOps, BinaryOps, TernaryOps]
 
@@ -188,11 +191,17 @@ def alu_result_dtype(op: ALUOp, src_dtypes: tuple[DType, ...]) -> DType:
   if op is TernaryOps.WHERE: return src_dtypes[1]
   return src_dtypes[-1]
 
+_I32, _BOOL = dtypes.int32, dtypes.bool
+
 def exec_alu(op: ALUOp, dtype: DType, operands: tuple[Any, ...]) -> Any:
   """The value of `op` applied to Python scalars, producing a value of `dtype` (DESIGN.md's op semantics:
   IDIV/MOD truncate and give 0 on a zero divisor; integers wrap; MAX is a > b ? a : b)."""
   # the dtype argument of an evaluator only matters for IDIV/MOD/RECIP/NEG/shifts, whose output is their input type
   ret = PYTHON_ALU[op](dtype, *operands)
+  # the common index case, already what the conversion below gives: an in-range int32 (or a bool for bool)
+  if dtype is _I32:
+    if type(ret) is int and -0x80000000 <= ret <= 0x7FFFFFFF: return ret
+  elif dtype is _BOOL and type(ret) is bool: return ret
   # a non-finite float result in an integer type is unspecified (DESIGN.md); give 0 rather than raise
   if isinstance(ret, float) and not math.isfinite(ret) and not dtypes.is_float(dtype): return dtypes.as_const(0, dtype)
   return dtypes.as_const(ret, dtype) if not dtypes.is_float(dtype) else truncate_float(float(ret), dtype.scalar())

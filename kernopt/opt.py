@@ -14,6 +14,8 @@ class OptOps(Enum):
   GROUP = auto(); GROUPTOP = auto(); NOLOCALS = auto(); PADTO = auto(); MERGE = auto() # noqa: E702
   def __lt__(self, other: OptOps) -> bool: return self.value < other.value
 
+OptOps.__hash__ = object.__hash__  # type: ignore[method-assign]  # members are singletons: hash by identity
+
 def _opt_key(o: Opt) -> tuple:
   op = o.op.value if isinstance(o.op, OptOps) else -1
   return (op, -1 if o.axis is None else o.axis, -1 if o.amt is None else o.amt)

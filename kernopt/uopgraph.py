@@ -146,7 +146,7 @@ class PatternMatcher:
     them."""
     ret = [(m, f) for m, f, needs, n_src in self._rules(op, arg)
            if (n_src is None or n_src == len(src_ops)) and all(any(o in n for o in src_ops) for n in needs)]
-    if arg is None or isinstance(arg, Enum): self._cands[(op, id(arg), src_ops)] = ret  # members never die
+    if arg is None or isinstance(arg, Enum): self._cands[(op, arg, src_ops)] = ret  # members hash by identity
     return ret
 
   def rewrite(self, u: UOp) -> Optional[UOp]:
@@ -155,7 +155,7 @@ class PatternMatcher:
     if op not in self.by_op: return None
     arg = u.arg if op is _ALU else None
     src_ops = tuple([s.op for s in u.src])
-    rules = self._cands.get((op, id(arg), src_ops))  # an ALU arg is an op enum member: its identity is its value
+    rules = self._cands.get((op, arg, src_ops))  # an ALU arg is an op enum member: its identity is its value
     if rules is None: rules = self.candidates(op, arg, src_ops)
     for m, fn in rules:
       caps: dict[str, UOp] = {}
@@ -190,6 +190,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher) -> UOp:
     ret = memo[u] = settle(u if src == u.src else UOp(u.op, u.dtype, src, u.arg))
     return ret
 
+  by_op = pm.by_op
   for u in toposort(root):
     if u in memo: continue
     for s in u.src:
@@ -197,7 +198,7 @@ def graph_rewrite(root: UOp, pm: PatternMatcher) -> UOp:
         n = UOp(u.op, u.dtype, tuple([memo[x] for x in u.src]), u.arg)
         memo[u] = memo[n] if n in memo else settle(n)
         break
-    else: memo[u] = u if rewrite(u) is None else settle(u)  # the common case, without settle's loop
+    else: memo[u] = u if u.op not in by_op or rewrite(u) is None else settle(u)  # the common case: no settle loop
   return memo[root]
 
 # ***** value bounds of integer UOps *****
@@ -555,42 +556,41 @@ def order_uops(sink: UOp) -> list[UOp]:
     if params: params = [u for _, u in sorted([(key(u), u) for u in params])]
     if stores: stores = [u for _, u in sorted([(key(u), u) for u in stores])]
     ordered = params + plain + stores
-    # while the next smallest key has its dependencies out, the heap would pop exactly it: no heap needed
+    # Kahn's algorithm, smallest key first. ordered is in key order, so an item's index is its key; every released
+    # item (one that waited) has a smaller index than the next unread one. Items are taken in list order while their
+    # dependencies are out; one that isn't is set aside until its last dependency is placed, then enters a heap
     placed: set[UOp] = set()
-    i, n = 0, len(ordered)
-    while i < n:
-      u = ordered[i]
-      for d in deps[u]:
-        if d not in placed: break
-      else:
-        placed.add(u)
-        put(u)
+    waiting: dict[int, int] = {}         # index of an item set aside -> its dependencies not placed yet
+    users: dict[UOp, list[int]] = {}     # an unplaced dependency -> the indices of the items waiting on it
+    ready: list[int] = []                # heap of the indices of released items
+    i, n, done = 0, len(ordered), 0
+    while True:
+      if ready: u = ordered[heappop(ready)]
+      elif i < n:
+        u = ordered[i]
         i += 1
-        continue
-      break
-    if i == n: return
-    keys, indeg, heap = {}, {}, []
-    users: dict[UOp, list[UOp]] = {}
-    for u in ordered[i:]:
-      keys[u] = k = key(u)
-      c = 0
-      for d in deps[u]:
-        if d not in placed:
-          c += 1
-          if (us := users.get(d)) is None: users[d] = [u]
-          else: us.append(u)
-      if c: indeg[u] = c
-      else: heap.append((k, u))
-    heapq.heapify(heap)
-    done = i
-    while heap:
-      u = heappop(heap)[1]
+        wait = False
+        for d in deps[u]:
+          if d not in placed:
+            wait = True
+            break
+        if wait:
+          c = 0
+          for d in deps[u]:
+            if d not in placed:
+              c += 1
+              if (us := users.get(d)) is None: users[d] = [i - 1]
+              else: us.append(i - 1)
+          waiting[i - 1] = c
+          continue
+      else: break
+      placed.add(u)
       done += 1
       put(u)
-      if (us := users.get(u)) is not None:
-        for v in us:
-          indeg[v] -= 1
-          if indeg[v] == 0: heappush(heap, (keys[v], v))
+      if users and (ws := users.pop(u, None)) is not None:
+        for j in ws:
+          waiting[j] -= 1
+          if waiting[j] == 0: heappush(ready, j)
     if done != n:  # an internal invariant: the lowerer builds no graph whose placement needs this
       raise AssertionError(f"cycle in the UOp graph while linearizing ({n - done} UOps left in a block)")
   emit(None)

@@ -55,9 +55,8 @@ class UOp:
     if type(src) is not tuple: src = tuple(src)
     # dtypes are keyed by the identity of one canonical equal object, enum args by identity (cheap hashes)
     dk = None if dtype is None else (_dtype_ids.get(id(dtype)) or _dtype_id(dtype))
-    t = type(arg)
-    if t not in _IDENTITY_ARGS: ak = arg
-    elif t is not float: ak = (t, id(arg))
+    # op enum members hash by identity (see ops.py) and equal only themselves: they key as they are
+    if type(arg) is not float: ak = arg
     # a float by value, except where == doesn't tell doubles apart (0.0 == -0.0, nan != nan): by its repr there
     else: ak = (float, arg) if arg == arg and arg != 0 else (float, repr(arg))
     key = (op, dk, src, ak)
@@ -111,7 +110,6 @@ _dtype_keep: dict[int, DType] = {}        # the objects behind those ids, kept a
 _dtype_canon: dict[DType, DType] = {}
 _I32, _BOOL = dtypes.int32, dtypes.bool
 _FLOATS = (dtypes.float32, dtypes.float64)
-_IDENTITY_ARGS = frozenset({UnaryOps, BinaryOps, TernaryOps, float})
 
 def _dtype_id(dt: DType) -> int:
   if len(_dtype_keep) > 4096:

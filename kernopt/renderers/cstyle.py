@@ -27,10 +27,30 @@ _state = threading.local()   # the preamble helpers of the render in progress on
 
 def _wide_unsigned(dt: DType) -> DType: return dtypes.uint64 if dt.itemsize == 8 else dtypes.uint32
 
+# DType predicates memoized by the identity of the dtype (and of the set): DType hashing costs ~0.4 us. Each entry
+# keeps its objects alive, so their ids are not reused while it is there
+_MEMBER: dict[tuple[int, int], tuple[Any, DType, bool]] = {}
+def _dtype_in(dt: DType, s: frozenset[DType]) -> bool:
+  """dt in s, for a frozenset s of dtypes."""
+  if (hit := _MEMBER.get((id(s), id(dt)))) is not None and hit[0] is s and hit[1] is dt: return hit[2]
+  if len(_MEMBER) > 1024: _MEMBER.clear()
+  ret = dt in s
+  _MEMBER[(id(s), id(dt))] = (s, dt, ret)
+  return ret
+
+_INT_LIKE: dict[int, tuple[DType, bool]] = {}
+def _int_like(dt: DType) -> bool:
+  """dt is an integer type or bool."""
+  if (hit := _INT_LIKE.get(id(dt))) is not None and hit[0] is dt: return hit[1]
+  if len(_INT_LIKE) > 1024: _INT_LIKE.clear()
+  ret = dtypes.is_int(dt) or dt == dtypes.bool
+  _INT_LIKE[id(dt)] = (dt, ret)
+  return ret
+
 def _wrap(op: str) -> Callable[..., str]:
   """Integer `a op b` in the wide unsigned type (no signed overflow), converted back to the operand type."""
   def fn(r: CStyleLanguage, dt: DType, a: str, b: str) -> str:
-    if not dtypes.is_int(dt) and dt != dtypes.bool: return f"({a}{op}{b})"
+    if not _int_like(dt): return f"({a}{op}{b})"
     t, u = r.render_dtype(dt), r.render_dtype(_wide_unsigned(dt))
     return f"({a}{op}{b})" if t == u else f"(({t})(({u}){a}{op}({u}){b}))"
   return fn
@@ -131,7 +151,7 @@ class CStyleLanguage(Renderer):
 
   def compute_dtype(self, dt: DType) -> DType:
     """The dtype values of dt are held in (storage floats are loaded into float)."""
-    return dtypes.float32 if dt.scalar() in self.storage_floats and dt.count == 1 else dt
+    return dtypes.float32 if dt.count == 1 and _dtype_in(dt.scalar(), self.storage_floats) else dt
 
   def render_value_dtype(self, dt: DType) -> str: return self.render_dtype(self.compute_dtype(dt))
   def math_suffix(self, dt: DType) -> str: return self.float_suffix if dt == dtypes.float32 else ""
@@ -283,7 +303,7 @@ class CStyleLanguage(Renderer):
     if spell is None: raise UnsupportedError(f"{self.dialect_name} can't spell {op.name}")
     if op in _NO_BOOL_OPS and dt == dtypes.bool: raise UnsupportedError(f"{op.name} is not defined on bool")
     ret = spell.format(*srcs, t=self.render_dtype(cdt)) if isinstance(spell, str) else spell(self, cdt, *srcs)
-    if op not in self._exact_ops and dt in self.storage_floats: ret = self.round_storage(ret, dt)
+    if op not in self._exact_ops and _dtype_in(dt, self.storage_floats): ret = self.round_storage(ret, dt)
     return ret
 
   def render(self, name: str, uops: list[UOp]) -> str:

@@ -116,7 +116,7 @@ class _Packer:
         if (us := get_users(s)) is None: users[s] = [u]
         else: us.append(u)
       if op is ALU:
-        if (u.dtype is F32 or _vector_dtype(u.dtype)) and u.arg in VECTOR_ALU: todo.append(u)
+        if u.arg in VECTOR_ALU and (u.dtype is F32 or _vector_dtype(u.dtype)): todo.append(u)
       elif op is LOAD:
         if (len(u.src) == 2 or len(u.src) == 4) and _vector_dtype(u.dtype) and _plain_global(u.src[0]): loads.append(u)
       elif op is _PHI: todo.append(u)
@@ -267,14 +267,15 @@ class _Packer:
   def tree_phi(self, lanes: tuple[UOp, ...], depth: int) -> Optional[tuple]:
     """PHI(acc, op(..., acc, ...)) lanes (acc + x, MULACC(a, b, acc)): one vector accumulator, op and PHI, with the
     other operands packed as trees."""
-    accs, upds = tuple(ln.src[0] for ln in lanes), tuple(ln.src[1] for ln in lanes)
+    accs, upds = tuple([ln.src[0] for ln in lanes]), tuple([ln.src[1] for ln in lanes])
     u0 = upds[0]
     if u0.op is not _ALU or u0.arg not in VECTOR_ALU or accs[0] not in u0.src: return None
     at = u0.src.index(accs[0])
-    if not (all(u.op is _ALU and u.arg is u0.arg and len(u.src) == len(u0.src) and u.src[at] is a and
-                u.src.count(a) == 1 for u, a in zip(upds, accs))
-            and all(a.op is _DEFINE_ACC for a in accs) and self.acc_lanes(accs, upds) and
-            not any(u in self.of for u in upds)): return None
+    arg0, n0, of = u0.arg, len(u0.src), self.of
+    for u, a in zip(upds, accs):  # every lane alike, reading its own accumulator once, none packed yet
+      if u.op is not _ALU or u.arg is not arg0 or len(u.src) != n0 or u.src[at] is not a or u.src.count(a) != 1 or \
+         a.op is not _DEFINE_ACC or u in of: return None
+    if not self.acc_lanes(accs, upds): return None
     others = [self.tree(tuple(u.src[i] for u in upds), depth + 1) for i in range(len(u0.src)) if i != at]
     if any(p is None for p in others): return None
     acc = self.add("acc", accs)
@@ -299,13 +300,15 @@ class _Packer:
 
   def acc_lanes(self, accs: tuple[UOp, ...], members: tuple[UOp, ...]) -> bool:
     """Distinct alike accumulators, each read only by its lane's op and assigned only by PHI(acc, that op)."""
-    if len(set(accs)) != len(accs) or any(a in self.of for a in accs): return False
-    a0 = accs[0]
-    d0 = a0.dtype
-    if any((a.dtype is not d0 and a.dtype != d0) or a.src != a0.src or a.arg[0] != a0.arg[0] for a in accs):
-      return False
+    if len(set(accs)) != len(accs): return False
+    a0, of = accs[0], self.of
+    d0, src0, init0 = a0.dtype, a0.src, a0.arg[0]
+    for a in accs:
+      if a in of or (a.dtype is not d0 and a.dtype != d0) or a.src != src0 or a.arg[0] != init0: return False
+    users = self.users
     for a, m in zip(accs, members):
-      if any(not (x is m or (x.op is _PHI and x.src == (a, m))) for x in self.users.get(a, [])): return False
+      for x in users.get(a, ()):
+        if x is not m and not (x.op is _PHI and x.src == (a, m)): return False
     return True
 
   # ***** checking placement *****
