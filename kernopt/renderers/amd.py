@@ -5,7 +5,7 @@ workitem_id_*, locals are `__attribute__((shared))`, barriers are s_barrier betw
 the device library's __ocml_* functions; vectors are ext_vector_type. Render only: nothing compiles it here."""
 from __future__ import annotations
 from typing import Any
-from kernopt.dtype import DType, ImageDType, dtypes
+from kernopt.dtype import DType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.ops import TernaryOps, UnaryOps
 from kernopt.renderers import TensorCore
@@ -74,11 +74,8 @@ class AMDRenderer(CStyleLanguage):
   # ***** types *****
 
   def render_dtype(self, dt: DType) -> str:
-    if isinstance(dt, ImageDType): raise UnsupportedError(f"{self.dialect_name} has no images (got {dt})")
     if dt.count == 1: return super().render_dtype(dt)
-    scalar, n = dt.scalar(), dt.count
-    if scalar == dtypes.bool or n not in (2, 3, 4, 8, 16):
-      raise UnsupportedError(f"{self.dialect_name} has no vector type {dt}")
+    scalar, n = self.vector_parts(dt)
     base = self.render_dtype(scalar)
     name = f"ko_{_SHORT.get(base, base)}{n}"
     self.helper(name, f"typedef {base} {name} __attribute__((ext_vector_type({n})));")

@@ -149,6 +149,15 @@ class CStyleLanguage(Renderer):
     if dt not in self.type_map: raise UnsupportedError(f"{self.dialect_name} has no type for {dt}")
     return self.type_map[dt]
 
+  def vector_parts(self, dt: DType) -> tuple[DType, int]:
+    """(scalar, lanes) of a vector type the GPU dialects can spell: 2, 3, 4, 8 or 16 lanes of a non-bool scalar;
+    UnsupportedError for anything else, images included."""
+    if isinstance(dt, ImageDType): raise UnsupportedError(f"{self.dialect_name} has no images (got {dt})")
+    scalar, n = dt.scalar(), dt.count
+    if scalar == dtypes.bool or n not in (2, 3, 4, 8, 16):
+      raise UnsupportedError(f"{self.dialect_name} has no vector type {dt}")
+    return scalar, n
+
   def compute_dtype(self, dt: DType) -> DType:
     """The dtype values of dt are held in (storage floats are loaded into float)."""
     return dtypes.float32 if dt.count == 1 and _dtype_in(dt.scalar(), self.storage_floats) else dt

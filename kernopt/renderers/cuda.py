@@ -5,7 +5,7 @@ results equal ops.exec_alu's. Vectors are CUDA's builtin float4-style types or s
 are `mma.sync.m16n8k16` in inline PTX. Needs no CUDA header beyond those two (NVRTC-friendly)."""
 from __future__ import annotations
 from typing import Any
-from kernopt.dtype import DType, ImageDType, dtypes
+from kernopt.dtype import DType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.renderers import TensorCore
 from kernopt.renderers.cstyle import CStyleLanguage, dtype_of
@@ -62,11 +62,8 @@ class CUDARenderer(CStyleLanguage):
   # ***** types and values *****
 
   def render_dtype(self, dt: DType) -> str:
-    if isinstance(dt, ImageDType): raise UnsupportedError(f"{self.dialect_name} has no images (got {dt})")
     if dt.count == 1: return super().render_dtype(dt)
-    scalar, n = dt.scalar(), dt.count
-    if scalar == dtypes.bool or n not in (2, 3, 4, 8, 16):
-      raise UnsupportedError(f"{self.dialect_name} has no vector type {dt}")
+    scalar, n = self.vector_parts(dt)
     if scalar in _BUILTIN_VEC and n <= 4 and not (n == 3 and scalar.itemsize == 8): return f"{_BUILTIN_VEC[scalar]}{n}"
     return self._vector_struct(scalar, n)
 
