@@ -2,7 +2,7 @@
 (benchmarks/workloads.py) the hand-coded and the searched kernel's GFLOP/s (compute-bound) or GB/s (memory-bound),
 both timed again here interleaved (median of repeats), the search's wall time, and the candidates it compiled and timed.
 Each search has its own time budget and a fresh compile cache, and its result is checked against numpy.
-Usage: python3 benchmarks/bench_search.py [--workloads W2,W6] [--workers 2] [--repeats 7] [--scale 1.0]
+Usage: python3 benchmarks/bench_search.py [--workloads W2,W6] [--workers 2] [--repeats 15] [--scale 1.0]
   [--device CPU|OPENCL] [--budget SECONDS]"""
 from __future__ import annotations
 import argparse
@@ -48,7 +48,7 @@ def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--workloads", default="W2,W6,W4,W5")
   ap.add_argument("--workers", type=int, default=2)
-  ap.add_argument("--repeats", type=int, default=7)
+  ap.add_argument("--repeats", type=int, default=15)
   ap.add_argument("--scale", type=float, default=1.0, help="multiply every time budget")
   ap.add_argument("--device", default="CPU", help="CPU (one thread) or OPENCL")
   ap.add_argument("--budget", type=float, default=None, help="one time budget (s) for every workload")

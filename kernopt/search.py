@@ -58,7 +58,7 @@ class SearchConfig:
   time_budget_s: Optional[float] = None
   validate: bool = True
   repeats: int = 3
-  max_rounds: int = 12
+  max_rounds: Optional[int] = None   # None: 12 without a time budget, no limit but the budget with one
   executor: Optional[cf.Executor] = field(default=None, compare=False)
   workers: int = 2
   progress: Optional[bool] = None   # None: on when DEBUG asks or stderr is a terminal
@@ -598,7 +598,8 @@ class _Search:
     rnd, stale = 0, 0
     expanded: set[str] = set()
     pool: list[_Cand] = list(timed)   # every timed candidate: with a budget, a converged search goes on from them
-    while beam and rnd < cfg.max_rounds and not self.out_of_time():
+    max_rounds = cfg.max_rounds if cfg.max_rounds is not None else 12 if cfg.time_budget_s is None else math.inf
+    while beam and rnd < max_rounds and not self.out_of_time():
       rnd += 1
       expanded.update(c.digest for c in beam)
       cands = _interleave([[_Cand(d, k) for d, k in expand(c.kernel, cfg, seen, self.stats)] for c in beam])
