@@ -121,6 +121,7 @@ class CStyleLanguage(Renderer):
   float_suffix: str = "f"
   storage_floats: frozenset[DType] = frozenset((dtypes.half, dtypes.bfloat16))
   code_for_workitem: dict[str, Callable[[int], str]] = {}
+  emitter: Optional[type[Emitter]] = None   # a subclass of Emitter that spells more uops (None: Emitter)
   type_map: dict[DType, str] = {
     dtypes.bool: "bool", dtypes.int8: "char", dtypes.uint8: "unsigned char", dtypes.int16: "short",
     dtypes.uint16: "unsigned short", dtypes.int32: "int", dtypes.uint32: "unsigned int", dtypes.int64: "long",
@@ -322,7 +323,7 @@ class CStyleLanguage(Renderer):
     special = UOps.SPECIAL
     for u in uops:
       if u.op is special and u.arg[1].startswith("l") and isinstance(u.arg[2], int): _state.workgroup *= u.arg[2]
-    try: return _Emitter(self).emit(name, uops)
+    try: return (self.emitter or Emitter)(self).emit(name, uops)
     finally: _state.helpers, _state.workgroup = outer
 
   def workgroup_threads(self) -> int:
@@ -365,7 +366,7 @@ def _const_memo(lang: CStyleLanguage) -> dict[tuple, tuple[DType, str, tuple[tup
     memo = lang.__dict__["_const_memo"] = (attrs, {})
   return memo[1]
 
-class _Emitter:
+class Emitter:
   """One render: names each value, inlines single-use pure expressions, and writes the lines."""
   _prefixes = {UOps.ALU: "alu", UOps.CAST: "cast", UOps.BITCAST: "cast", UOps.LOAD: "val", UOps.DEFINE_ACC: "acc",
                UOps.RANGE: "ridx", UOps.VECTORIZE: "vec", UOps.GEP: "gep", UOps.WMMA: "wmma", UOps.DEFINE_LOCAL: "temp"}

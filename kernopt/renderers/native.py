@@ -11,7 +11,7 @@ from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.helpers import getconfig
 from kernopt.ops import BinaryOps, TernaryOps, exec_alu
-from kernopt.renderers.cstyle import CRenderer, _Emitter, _state
+from kernopt.renderers.cstyle import CRenderer, Emitter
 from kernopt.renderers.vectorize import pack_lanes
 from kernopt.uops import UOp, UOps, flops_mem
 
@@ -56,12 +56,23 @@ def host_threads() -> int:
   try: return len(os.sched_getaffinity(0))
   except (AttributeError, OSError): return os.cpu_count() or 1
 
+class _NativeEmitter(Emitter):
+  """The C emitter plus the packer's masked vector LOAD(buf, index, lane mask)."""
+  def load(self, u: UOp) -> None:
+    if len(u.src) != 3: return super().load(u)
+    r = self.r
+    r[u] = v = self.fresh("val")
+    assert u.dtype is not None
+    self.line(f"{self.value_dtype(u.dtype)} {v} = "
+              f"{self.lang.render_masked_load(r[u.src[0]], r[u.src[1]], r[u.src[2]], u.dtype)};")  # type: ignore
+
 class NativeCRenderer(CRenderer):
   """CRenderer for this host: `vector_width` fp32 lanes, `threads` workers (default: CPU_THREADS, else the cores the
   process may use), `parallel` in PARALLEL_MODES; kernels estimated below `min_parallel_work` (ALU ops + bytes) run
   on one thread; `fused_accumulate` (default: whether the host has FMA) makes float32 SUMs of products accumulate in
   one rounding (MULACC). The heuristics read `heuristics == "cpu_native"`."""
   heuristics = "cpu_native"
+  emitter = _NativeEmitter
 
   def __init__(self, vector_width: Optional[int] = None, threads: Optional[int] = None, parallel: str = "pthread",
                min_parallel_work: int = MIN_PARALLEL_WORK, fused_accumulate: Optional[bool] = None):
@@ -210,10 +221,8 @@ class NativeCRenderer(CRenderer):
     self._inner = self.collapsed_loop(uops, self._loop) if self._loop is not None else None
     # (OpenMP's workers would need a fence of their own after the loop: not streamed)
     self._stream = self.stream_stores and self.parallel != "openmp" and streams(uops, self.vector_width)
-    outer = getattr(_state, "helpers", None)
-    _state.helpers = {}
-    try: return _NativeEmitter(self).emit(name, uops)
-    finally: self._loop, self._inner, self._blocked, self._stream, _state.helpers = None, None, None, False, outer
+    try: return super().render(name, uops)
+    finally: self._loop, self._inner, self._blocked, self._stream = None, None, None, False
 
   def render_local(self, name: str, dt: DType, size: int) -> str:
     return f"{self.render_dtype(dt)} {name}[{size}] __attribute__((aligned(64)));"
@@ -363,16 +372,6 @@ def _pthread_kernel(r: NativeCRenderer, name: str, params: list[str], body: list
           f"  struct {name}_args a = {{{', '.join(names)}}};\n"
           f"  ko_launch({name}_job, &a);\n}}\n")
   return f"{head}\n{part}{thr}{main}"
-
-class _NativeEmitter(_Emitter):
-  """The C emitter plus the packer's masked vector LOAD(buf, index, lane mask)."""
-  def load(self, u: UOp) -> None:
-    if len(u.src) != 3: return super().load(u)
-    r = self.r
-    r[u] = v = self.fresh("val")
-    assert u.dtype is not None
-    self.line(f"{self.value_dtype(u.dtype)} {v} = "
-              f"{self.lang.render_masked_load(r[u.src[0]], r[u.src[1]], r[u.src[2]], u.dtype)};")  # type: ignore
 
 # ***** loop order *****
 
