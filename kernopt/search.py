@@ -31,9 +31,9 @@ EXPORT_FORMAT = "kernopt-tuning"
 EXPORT_VERSION = 1
 KEY_VERSION = 1   # bump when the meaning of a tuning entry changes
 
-# the action space: amounts tried for each kind of Opt (0: the whole axis)
 # seconds a finished search waits for its workers' running builds (PoCL's can't be interrupted)
 SHUTDOWN_GRACE_S = 1.0
+# the action space: amounts tried for each kind of Opt (0: the whole axis)
 UPCAST_AMTS = (0, 2, 3, 4, 5, 7, 8, 16)
 UNROLL_AMTS = (0, 2, 3, 4, 5, 7, 8, 16)
 LOCAL_AMTS = (2, 3, 4, 8, 13, 16, 29)
