@@ -204,14 +204,22 @@ def test_budget_ends_the_search(tmp_path):
   assert res.stats.out_of_budget and res.stats.wall_s < 1.5 + 3.0
   check_numpy(res.kernel, big)
 
-def test_a_converged_search_goes_on_within_its_budget():
+def test_a_converged_search_goes_on_within_its_budget(monkeypatch):
   """With budget left after `patience` rounds without progress, the search continues from the fastest candidates it
-  has timed but not expanded, so it builds more than a budget-free search, which stops there."""
+  has timed but not expanded (until none is left); a budget-free search stops there."""
+  beams: list[int] = []
+  restart = S._Search._restart
+  def spy(self, *args):
+    beam = restart(self, *args)
+    beams.append(len(beam))
+    return beam
+  monkeypatch.setattr(S._Search, "_restart", spy)
   k = kernel_of("matmul_512")
-  free = S.search(k, None, S.SearchConfig(workers=0, progress=False, max_rounds=12))
-  budgeted = S.search(k, None, S.SearchConfig(time_budget_s=60, workers=0, progress=False, max_rounds=12))
-  assert budgeted.stats.compiled > free.stats.compiled and budgeted.stats.rounds > free.stats.rounds
-  check_numpy(budgeted.kernel, catalogue.get("matmul_512"))
+  S.search(k, None, S.SearchConfig(workers=0, progress=False))
+  assert beams == []
+  res = S.search(k, None, S.SearchConfig(time_budget_s=60, workers=0, progress=False))
+  assert beams and beams[0] > 0 and beams[-1] == 0 and not res.stats.out_of_budget
+  check_numpy(res.kernel, catalogue.get("matmul_512"))
 
 def test_tune_all_on_a_dask_cluster(monkeypatch, tmp_path):
   from dask.distributed import Client, LocalCluster  # required: pip install "dask[distributed]" (the test extra)
