@@ -393,3 +393,12 @@ def get(name: str, scale: str = "small") -> Case:
   for c in _build(scale):
     if c.name == name: return c
   raise KeyError(f"no catalogue case {name!r}; have {[c.name for c in _build(scale)]}")
+
+def protocol_program(name: str, renderer: Any) -> tuple[Any, bool]:
+  """(Program, whether tensor cores applied) of the small case `name` under the standard protocol for `renderer`
+  (render only: nothing is compiled)."""
+  from kernopt.kernel import Kernel
+  k = Kernel(get(name).ast, opts=renderer).required_optimizations()
+  tc = k.apply_tensor_cores()
+  if not tc: k.hand_coded_optimizations()
+  return k.to_program(), tc

@@ -1,21 +1,14 @@
 """The AMD HIP dialect, render only (no compiler here; numerics are the PYTHON device emulating AMD): every catalogue
 kernel renders, with the work-group bound, amdgcn builtins, shared memory with fenced barriers and RDNA3 WMMA."""
-import contextlib
-import io
 import shutil
 import pytest
-from catalogue import catalogue, get
+from catalogue import catalogue, protocol_program
 from kernopt.dtype import dtypes
 from kernopt.errors import UnsupportedError
-from kernopt.kernel import Kernel
 from kernopt.renderers import get_renderer
 
 def program(name: str):
-  with contextlib.redirect_stdout(io.StringIO()):
-    k = Kernel(get(name).ast, opts=get_renderer("AMD")).required_optimizations()
-    tc = k.apply_tensor_cores()
-    if not tc: k.hand_coded_optimizations()
-    return k.to_program(), tc
+  return protocol_program(name, get_renderer("AMD"))
 
 @pytest.mark.parametrize("name", [c.name for c in catalogue("small") if not c.name.startswith("image")])
 def test_catalogue_renders(name):

@@ -1,13 +1,10 @@
 """The CUDA dialect and device without a GPU: catalogue kernels (standard protocol, tensor cores included) rendered
 for sm_80 and sm_90 and compiled by nvcc in one batch per arch; the rendered structure; the device's availability
 and compile errors; the GPU check script's dry run."""
-import contextlib
-import io
 import shutil
 import pytest
-from catalogue import catalogue, get
+from catalogue import catalogue, protocol_program
 from kernopt.errors import CompileError, UnsupportedError
-from kernopt.kernel import Kernel
 from kernopt.renderers import get_renderer
 from kernopt.runtime import Device
 from kernopt.runtime.cuda import CUDADevice, batch_sources, compile_cuda
@@ -16,11 +13,7 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is no
 NAMES = [c.name for c in catalogue("small") if "image" not in c.tags and not c.name.startswith("image")]
 
 def program(name: str, arch: str = "sm_80"):
-  with contextlib.redirect_stdout(io.StringIO()):
-    k = Kernel(get(name).ast, opts=get_renderer("CUDA", arch=arch)).required_optimizations()
-    tc = k.apply_tensor_cores()
-    if not tc: k.hand_coded_optimizations()
-    return k.to_program(), tc
+  return protocol_program(name, get_renderer("CUDA", arch=arch))
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @needs_nvcc

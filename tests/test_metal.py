@@ -1,18 +1,15 @@
 """The Metal dialect: every catalogue kernel (standard protocol, simdgroup tensor cores included) rendered for METAL
 passes a C++ syntax check against tests/metal_stub/metal_stdlib, in one g++ call; the rendered structure; the
 device is unavailable off macOS."""
-import contextlib
-import io
 import os
 import re
 import shutil
 import subprocess
 import sys
 import pytest
-from catalogue import catalogue, get
+from catalogue import catalogue, protocol_program
 from kernopt.dtype import dtypes
 from kernopt.errors import UnsupportedError
-from kernopt.kernel import Kernel
 from kernopt.renderers import get_renderer
 
 STUB = os.path.join(os.path.dirname(os.path.abspath(__file__)), "metal_stub")
@@ -20,11 +17,7 @@ needs_gxx = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is not o
 NAMES = [c.name for c in catalogue("small") if not c.name.startswith("image")]
 
 def program(name: str):
-  with contextlib.redirect_stdout(io.StringIO()):
-    k = Kernel(get(name).ast, opts=get_renderer("METAL")).required_optimizations()
-    tc = k.apply_tensor_cores()
-    if not tc: k.hand_coded_optimizations()
-    return k.to_program(), tc
+  return protocol_program(name, get_renderer("METAL"))
 
 def syntax_check(srcs: list[str]) -> subprocess.CompletedProcess:
   """One g++ -fsyntax-only over all srcs, each in its own namespace (the includes hoisted)."""
