@@ -2,6 +2,7 @@
 
   PYTHONPATH=. python scripts/gpu_check.py            # needs cuda-python (cuda.bindings) and numpy
   PYTHONPATH=. python scripts/gpu_check.py --dry-run  # render and compile (nvcc or NVRTC) without a GPU
+  PYTHONPATH=. python scripts/gpu_check.py --fuzz 8  # then 8 random legal Opt sequences per case (tests/fuzz.py)
 
 Each case runs with the standard protocol; cases that take tensor cores also run with USE_TC=2 and TC_OPT 0..2.
 Prints a pass/fail table with codegen, compile and kernel times; exits 1 on any failure."""
@@ -85,6 +86,8 @@ def main(argv: Optional[list[str]] = None) -> int:
   ap.add_argument("--arch", default=None, help="target for --dry-run (default sm_90; the GPU's own otherwise)")
   ap.add_argument("--only", nargs="*", default=None, help="case names to run")
   ap.add_argument("--nvcc", action="store_true", help="compile with nvcc even when NVRTC is importable")
+  ap.add_argument("--fuzz", type=int, default=0, help="then fuzz each case with this many random Opt sequences")
+  ap.add_argument("--seed", type=int, default=0, help="the fuzz seed")
   args = ap.parse_args(argv)
   from kernopt.runtime.cuda import CUDADevice, compile_cuda
   dev = None
@@ -118,6 +121,13 @@ def main(argv: Optional[list[str]] = None) -> int:
       print(f"{case.name:<16}{label:<18}{'y' if tc else '-':<4}{t_gen * 1e3:>11.1f}{t_comp * 1e3:>11.1f}"
             f"{t_kern * 1e6:>11.1f}  {'FAIL ' + err if err else 'ok'}", flush=True)
   print(f"{failures} failure(s) in {time.perf_counter() - t0:.1f} s ({'dry run, ' if dev is None else ''}{arch})")
+  if args.fuzz and dev is not None:
+    import fuzz
+    t0 = time.perf_counter()
+    report = fuzz.run_fuzz("CUDA", cases, args.fuzz, args.seed, device_options={"prefer_nvrtc": not args.nvcc})
+    print(report.summary())
+    print(f"fuzz: {time.perf_counter() - t0:.1f} s; OptOps that ran: {sorted(o.name for o in report.executed_ops)}")
+    failures += len(report.failures)
   return 1 if failures else 0
 
 if __name__ == "__main__":

@@ -50,6 +50,30 @@ def test_half_is_storage_and_no_tensor_cores_before_sm80():
 def test_images_are_refused():
   with pytest.raises(UnsupportedError, match="images"): program("image_in")
 
+def test_source_needs_no_gcc_builtins():
+  """NVRTC (the device's default compiler) defines none of GCC's __builtin_*; nvcc does, so only this catches them."""
+  for n in NAMES:
+    assert "__builtin_" not in program(n, "sm_90")[0].src, n
+
+def test_module_loads_bind_the_context_in_the_calling_thread(monkeypatch):
+  """The driver's current context is per thread and the search loads modules on a thread pool: each load must make
+  the device's context current first (a fake driver records the order of calls)."""
+  import threading
+  import kernopt.runtime.cuda as cuda
+  calls: list[tuple[str, int]] = []
+  class FakeDriver:
+    def cuCtxSetCurrent(self, ctx): calls.append(("bind", threading.get_ident())); return (0,)
+    def cuModuleLoadData(self, cubin): calls.append(("load", threading.get_ident())); return (0, "module")
+    def cuModuleGetFunction(self, module, name): return (0, "fn")
+  dev = CUDADevice.__new__(CUDADevice)
+  dev.drv, dev.ctx, dev.arch, dev.prefer_nvrtc = FakeDriver(), "ctx", "sm_90", True
+  monkeypatch.setattr(cuda, "compile_cuda", lambda src, arch, prefer_nvrtc: b"cubin")
+  prg, _ = program("add", "sm_90")
+  t = threading.Thread(target=dev._compile, args=(prg,))
+  t.start()
+  t.join()
+  assert [c[0] for c in calls] == ["bind", "load"] and calls[0][1] == calls[1][1] != threading.get_ident()
+
 def test_device_is_unavailable_without_driver_and_excluded():
   ok, reason = CUDADevice.availability()
   if ok: pytest.skip("a CUDA GPU is present")

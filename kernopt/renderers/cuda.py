@@ -117,7 +117,7 @@ class CUDARenderer(CStyleLanguage):
   def bitcast_bits(self, x: str, src: DType, dst: DType) -> str:
     s, d = self.render_dtype(src), self.render_dtype(dst)
     name = f"ko_bitcast_{self._suffix(src)}_{self._suffix(dst)}"
-    body = f"{{ {d} r; __builtin_memcpy(&r, &x, sizeof(r)); return r; }}"
+    body = f"{{ {d} r; memcpy(&r, &x, sizeof(r)); return r; }}"
     self.helper(name, f"{self.helper_prefix} {d} {name}({s} x) {body}")
     return f"{name}({x})"
 
@@ -136,7 +136,7 @@ class CUDARenderer(CStyleLanguage):
     self.helper(name, "\n".join([
       f"{self.helper_prefix} {c_t} {name}({a_t} a, {b_t} b, {c_t} c) {{",
       "  unsigned ra[4], rb[2];   // two 16-bit inputs per 32-bit register, lower index in the low half",
-      "  __builtin_memcpy(ra, &a, sizeof(ra)); __builtin_memcpy(rb, &b, sizeof(rb));",
+      "  memcpy(ra, &a, sizeof(ra)); memcpy(rb, &b, sizeof(rb));",
       f'  asm("mma.sync.aligned.m16n8k16.row.col.f32.{kind}.{kind}.f32 {regs};"',
       '      : "+f"(c.x), "+f"(c.y), "+f"(c.z), "+f"(c.w)',
       '      : "r"(ra[0]), "r"(ra[1]), "r"(ra[2]), "r"(ra[3]), "r"(rb[0]), "r"(rb[1]));',

@@ -32,15 +32,18 @@ def find_nvcc() -> Optional[str]:
   found = shutil.which("nvcc") or next(iter(sorted(glob.glob("/usr/local/cuda*/bin/nvcc"))), None)
   return os.path.realpath(found) if found else None
 
+@functools.lru_cache(None)
 def _import_nvrtc() -> Any:
+  """cuda-python's NVRTC module when it imports and its library loads (cuda-python can be installed without
+  libnvrtc, which it finds only at the first call), else None."""
   try:
     from cuda.bindings import nvrtc  # cuda-python >= 12.6
-    return nvrtc
-  except ImportError: pass
-  try:
-    from cuda import nvrtc  # type: ignore[no-redef]  # older cuda-python
-    return nvrtc
-  except ImportError: return None
+  except ImportError:
+    try: from cuda import nvrtc  # type: ignore[no-redef]  # older cuda-python
+    except ImportError: return None
+  try: nvrtc.nvrtcVersion()
+  except Exception: return None
+  return nvrtc
 
 @functools.lru_cache(None)
 def nvcc_version(nvcc: str) -> str:
@@ -182,21 +185,31 @@ class CUDADevice(Compiled):
 
   def _make_renderer(self) -> Renderer: return CUDARenderer(arch=self.arch)
   def compiler_id(self) -> str: return compiler_id(self.arch, self.prefer_nvrtc)
-  def synchronize(self) -> None: _ok(self.drv.cuCtxSynchronize(), "cuCtxSynchronize")
+  def synchronize(self) -> None:
+    self._bind()
+    _ok(self.drv.cuCtxSynchronize(), "cuCtxSynchronize")
+  def _bind(self) -> None:
+    """Make this device's context current in the calling thread: the driver keeps one per thread, and the search
+    compiles (loads modules) on a thread pool."""
+    _ok(self.drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
 
   # -- memory --
   def _alloc(self, nbytes: int, dtype: DType) -> Any:
+    self._bind()
     return _ok(self.drv.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})")
   def _free(self, handle: Any) -> None: self.drv.cuMemFree(handle)
   def _copyin(self, handle: Any, src: np.ndarray) -> None:
     src = np.ascontiguousarray(src)
+    self._bind()
     _ok(self.drv.cuMemcpyHtoD(handle, src.ctypes.data, src.nbytes), "cuMemcpyHtoD")
   def _copyout(self, dst: np.ndarray, handle: Any) -> None:
+    self._bind()
     _ok(self.drv.cuMemcpyDtoH(dst.ctypes.data, handle, dst.nbytes), "cuMemcpyDtoH")
 
   # -- compile and launch --
   def _compile(self, program: Program) -> _CUDAKernel:
     cubin = compile_cuda(program.src, self.arch, self.prefer_nvrtc)
+    self._bind()
     module = _ok(self.drv.cuModuleLoadData(cubin), f"cuModuleLoadData({program.name})")
     try: fn = _ok(self.drv.cuModuleGetFunction(module, program.name.encode()), f"cuModuleGetFunction({program.name})")
     except LaunchError: raise CompileError(f"{program.name} is not defined by its source", "", program.src) from None
@@ -225,6 +238,7 @@ class CUDADevice(Compiled):
     vals = [ctypes.c_uint64(int(h)) for h in handles] + [ctypes.c_int32(v) for v in var_vals]
     params = (ctypes.c_void_p * max(len(vals), 1))(*[ctypes.addressof(v) for v in vals])
     drv = self.drv
+    self._bind()
     if wait:
       start, end = _ok(drv.cuEventCreate(0), "cuEventCreate"), _ok(drv.cuEventCreate(0), "cuEventCreate")
       _ok(drv.cuEventRecord(start, 0), "cuEventRecord")
