@@ -57,11 +57,10 @@ def _elementwise(k: Kernel, width: int) -> bool:
 def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   """A register tile of rows x (one or two vectors) accumulators, then the last reduce axis unrolled, then row blocks
   grouped so that a work-group covers TILE_ROWS rows. A long reduce axis (K of a matmul) with two-vector rows gets
-  8 x 2 vector accumulators (each streamed vector feeds 8 rows: +10-30% over 4 x 2) and an unroll of 4 (2 when K is
-  not a multiple of 4; PoCL, 12:45
-  UTC, interleaved medians: 512^3 62.4 vs 48.7 GF/s for an unroll of 2 and 57.6 for 8; 1024^3 56.7 vs 50.4);
-  otherwise 8 vector accumulators and the axis unrolled by 4, or entirely when it is at most 3 (a conv's window
-  column)."""
+  8 x 2 vector accumulators (each streamed vector feeds 8 rows: +10-30% over 4 x 2) and an unroll of 2 (PoCL,
+  2026-11-30 14:40 UTC, interleaved medians over two runs: 1024^3 69.4/66.7 vs 60.7/60.5 GF/s for an unroll of 4;
+  512^3 95.5/72.3 vs 99.6/71.9; an unroll of 8 was slower on both); otherwise 8 vector accumulators and the axis
+  unrolled by 4, or entirely when it is at most 3 (a conv's window column)."""
   rows = row_axis(k, vaxis)
   two = 2 * width <= k.opts.max_upcast and k.full_shape[vaxis] % (2 * width) == 0
   cols = 2 * width if rows is not None and two else width
@@ -79,7 +78,7 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   end = k.shape_len - k.upcasted
   if k.first_reduce < end and _int(s := k.full_shape[end - 1]):
     if s <= 3: try_opt(k, OptOps.UNROLL, end - 1 - k.first_reduce, 0)
-    elif wide and row_amt == 8: try_opt(k, OptOps.UNROLL, end - 1 - k.first_reduce, 4 if s % 4 == 0 else 2)
+    elif wide and row_amt == 8: try_opt(k, OptOps.UNROLL, end - 1 - k.first_reduce, 2)
     elif s % 4 == 0: try_opt(k, OptOps.UNROLL, end - 1 - k.first_reduce, 4)
   if rows is not None and k.opts.has_local and rows < k.first_reduce and _int(n := k.full_shape[rows]):
     # neighbouring row blocks share the streamed input: one work-group runs them one after another on one core

@@ -55,6 +55,11 @@ def make(dev, name, uops, args, global_size, local_size, renderer=None, vars=())
   prg = Program(name, src, "OPENCL", global_size, local_size, tuple(uops), args=tuple(args), vars=tuple(vars))
   return dev.compile(prg)
 
+def vector_access(src, w, kind):
+  """Whether src loads or stores a float`w` vector in one access (vloadN/vstoreN, or PoCL's element-aligned casts)."""
+  if kind == "load": return f"vload{w}(" in src or f"*((__global const ko_float{w}u*)(" in src
+  return f"vstore{w}(" in src or f"*((__global ko_float{w}u*)(" in src
+
 def buf(arr, dt=None):
   arr = np.asarray(arr)
   dt = dt or dtypes.from_name(arr.dtype.name)
@@ -143,8 +148,10 @@ def test_group_reduction_through_local_memory(dev):
   rt(ob, buf(an), wait=True)
   np.testing.assert_allclose(ob.numpy(), an.reshape(8, 64).sum(1), rtol=1e-5, atol=1e-5)
 
-def test_float4_load_store_gep_vectorize(dev):
-  """out[4i:4i+4] = a[4i:4i+4] * 2 + (0, 1, 2, 3); lanes[i] = a[4i+2] - via float4 loads, stores and GEP."""
+@pytest.mark.parametrize("profile", ["device", "static"])
+def test_float4_load_store_gep_vectorize(dev, profile):
+  """out[4i:4i+4] = a[4i:4i+4] * 2 + (0, 1, 2, 3); lanes[i] = a[4i+2] - via float4 loads, stores and GEP: vload4 and
+  vstore4 in the static profile, element-aligned float4 dereferences on PoCL (which calls vloadN out of line)."""
   f4 = f32.vec(4)
   out, a, lanes = glob(0, f32, True), glob(1, f32), glob(2, f32, True)
   g = special(0, "gidx0", 16)
@@ -154,15 +161,41 @@ def test_float4_load_store_gep_vectorize(dev):
   val = alu(BinaryOps.ADD, alu(BinaryOps.MUL, v, const(2.0, f4)), ramp)
   lane = UOp(UOps.GEP, f32, (v,), 2)
   uops = [out, a, lanes, g, i4, v, ramp, val.src[0], val, lane, store(out, i4, val), store(lanes, g, lane)]
-  src = dev.renderer.render("vec4", lin(uops))
-  assert "float4" in src and "vload4" in src and "vstore4" in src and "(float4)(" in src
+  renderer = dev.renderer if profile == "device" else OpenCLRenderer()
+  src = renderer.render("vec4", lin(uops))
+  assert "float4" in src and "(float4)(" in src
+  if renderer.clang:
+    assert "vload4" not in src and "vstore4" not in src and "*((__global const ko_float4u*)(data1+" in src
+  else: assert "vload4" in src and "vstore4" in src
   rt = make(dev, "vec4", uops, [BufferArg(0, f32, 64, True), BufferArg(1, f32, 64, False), BufferArg(2, f32, 16, True)],
-            (16,), None)
+            (16,), None, renderer=renderer)
   an = np.arange(64, dtype=np.float32) * 0.5
   ob, lb = buf(np.zeros(64, np.float32)), buf(np.zeros(16, np.float32))
   rt(ob, buf(an), lb)
   np.testing.assert_array_equal(ob.numpy(), an * 2 + np.tile(np.arange(4, dtype=np.float32), 16))
   np.testing.assert_array_equal(lb.numpy(), an[2::4])
+
+@pytest.mark.skipif(not Device["OPENCL"].renderer.clang, reason="the OpenCL device is not PoCL: vloadN/vstoreN are used")
+def test_vector_accesses_to_local_memory_use_the_local_space(dev):
+  """Each of 16 work-items copies a float4 into __local, and after a barrier writes its neighbour's float4 out:
+  the element-aligned vector casts name the buffer's own address space."""
+  f4 = f32.vec(4)
+  out, a = glob(0, f32, True), glob(1, f32)
+  l = special(0, "lidx0", 16)
+  i4 = alu(BinaryOps.MUL, l, const(4))
+  temp = UOp(UOps.DEFINE_LOCAL, f32, (), ("temp", 64))
+  st = store(temp, i4, load(a, i4, f4))
+  bar = UOp(UOps.BARRIER, None, (st,))
+  j4 = alu(BinaryOps.MUL, alu(BinaryOps.MOD, alu(BinaryOps.ADD, l, const(1)), const(16)), const(4))
+  v = load(temp, j4, f4, bar)
+  uops = [out, a, temp, l, i4, st.src[2], st, bar, j4, v, store(out, i4, v)]
+  src = dev.renderer.render("nb4", lin(uops))
+  assert "*((__local ko_float4u*)(temp+" in src and "*((__local const ko_float4u*)(temp+" in src
+  rt = make(dev, "nb4", uops, [BufferArg(0, f32, 64, True), BufferArg(1, f32, 64, False)], (1,), (16,))
+  an = np.arange(64, dtype=np.float32)
+  ob = buf(np.zeros(64, np.float32))
+  rt(ob, buf(an), wait=True)
+  np.testing.assert_array_equal(ob.numpy(), np.roll(an, -4))
 
 def test_half_storage_with_float_math(dev):
   """half in, half out, math in float with each result rounded to half (numpy's float16 arithmetic); a CAST to half
@@ -442,10 +475,10 @@ def test_cpu_profile_matmul_register_tile(dev):
   rng = np.random.default_rng(3)
   a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
   got, opts, src = _run_ast(dev, _mm_ast(M, N, K), r, {1: a, 2: b}, M * N)
-  # an 8 x 2w tile of 16 vector accumulators, K unrolled by 4, 32 rows (4 row blocks) per work-group
+  # an 8 x 2w tile of 16 vector accumulators, K unrolled by 2, 32 rows (4 row blocks) per work-group
   assert [(o.op, o.axis, o.amt) for o in opts] == [(OptOps.UPCAST, 1, 2 * w), (OptOps.UPCAST, 0, 8),
-                                                   (OptOps.UNROLL, 0, 4), (OptOps.LOCAL, 0, 4)]
-  assert f"float{w} acc15" in src and f"vload{w}(" in src and f"vstore{w}(" in src   # packed vector accumulators
+                                                   (OptOps.UNROLL, 0, 2), (OptOps.LOCAL, 0, 4)]
+  assert f"float{w} acc15" in src and vector_access(src, w, "load") and vector_access(src, w, "store")  # packed
   assert "nontemporal" not in src   # a kernel with a loop keeps plain stores
   np.testing.assert_allclose(got.reshape(M, N), a @ b, rtol=1e-4, atol=1e-4)
 
@@ -491,7 +524,7 @@ def test_cpu_profile_row_sum_streams_rows_into_vector_accumulators(dev):
   x = np.random.default_rng(4).standard_normal((R, C), dtype=np.float32)
   got, opts, src = _run_ast(dev, kernel(store(reduce(ReduceOps.SUM, lbuf(1, (R, C)), (1,)))), r, {1: x}, R)
   assert [(o.op, o.amt) for o in opts] == [(OptOps.UNROLL, 2 * w), (OptOps.UPCAST, 4 if w > 4 else 2)]
-  assert f"float{w} acc" in src and f"vload{w}(" in src
+  assert f"float{w} acc" in src and vector_access(src, w, "load")
   np.testing.assert_allclose(got, x.sum(axis=1), rtol=1e-4, atol=1e-4)
 
 def test_cpu_profile_elementwise_keeps_lanes_scalar_in_work_groups(dev):

@@ -36,8 +36,10 @@ class OpenCLRenderer(CStyleLanguage):
   features (`has_fp16`: cl_khr_fp16 arithmetic; without it half is storage-only). `vector_width` > 1 (a CPU device:
   its native float vector width) makes the CPU profile: scalar loads (supports_float4 off) whose contiguous lanes,
   with the ALU ops and accumulators between them, are packed into floatN ops at render time, upcasts up to
-  2*vector_width, and `heuristics` "opencl_cpu" (kernopt/heuristics_opencl.py); with it, `stream_stores` (a clang
-  based compiler: PoCL) makes big loop-free kernels store float32 lanes with __builtin_nontemporal_store."""
+  2*vector_width, and `heuristics` "opencl_cpu" (kernopt/heuristics_opencl.py). With it, `clang` (the device
+  compiles with clang: PoCL) renders vector accesses as element-aligned vector-type dereferences instead of
+  vloadN/vstoreN, and `stream_stores` (clang only) makes big loop-free kernels store float32 lanes with
+  __builtin_nontemporal_store."""
   device = "OPENCL"
   suffix = "cl"
   has_local = True
@@ -51,6 +53,7 @@ class OpenCLRenderer(CStyleLanguage):
   vector_width = 1
   heuristics = "spec"
   stream_stores = False
+  clang = False
 
   kernel_prefix = "__kernel "
   buffer_prefix = "__global "
@@ -69,7 +72,7 @@ class OpenCLRenderer(CStyleLanguage):
   def __init__(self, local_max: Optional[tuple[int, ...]] = None, max_local_size: Optional[int] = None,
                shared_max: Optional[int] = None, has_fp16: Optional[bool] = None,
                supports_images: Optional[bool] = None, vector_width: Optional[int] = None,
-               stream_stores: bool = False):
+               stream_stores: bool = False, clang: bool = False):
     if local_max is not None: self.local_max = tuple(local_max)
     if max_local_size is not None: self.max_local_size = max_local_size
     if shared_max is not None: self.shared_max = shared_max
@@ -79,12 +82,13 @@ class OpenCLRenderer(CStyleLanguage):
       if vector_width not in (2, 4, 8, 16): raise UnsupportedError(f"OpenCL has no float{vector_width} vectors")
       self.vector_width, self.heuristics, self.supports_float4 = vector_width, "opencl_cpu", False
       self.max_upcast = max(self.max_upcast, 2 * vector_width)
-      self.stream_stores = stream_stores
+      self.clang = clang
+      self.stream_stores = stream_stores and clang
     self.storage_floats = frozenset((dtypes.bfloat16,) if self.has_fp16 else (dtypes.half, dtypes.bfloat16))
 
   def capabilities(self) -> dict[str, Any]:
     return {**super().capabilities(), "has_fp16": self.has_fp16, "vector_width": self.vector_width,
-            "heuristics": self.heuristics, "stream_stores": self.stream_stores}
+            "heuristics": self.heuristics, "stream_stores": self.stream_stores, "clang": self.clang}
 
   def __repr__(self) -> str:
     extra = f", vector_width={self.vector_width}, heuristics={self.heuristics!r}" if self.vector_width > 1 else ""
@@ -96,11 +100,13 @@ class OpenCLRenderer(CStyleLanguage):
     scalars = {dt.scalar() for dt in dts if not isinstance(dt, ImageDType)}
     images = any(isinstance(dt, ImageDType) for dt in dts) and \
       any(u.op is UOps.DEFINE_GLOBAL and isinstance(u.dtype, ImageDType) for u in uops)
-    outer = getattr(_render_state, "flags", None), getattr(_render_state, "stream", False)
+    outer = (getattr(_render_state, "flags", None), getattr(_render_state, "stream", False),
+             getattr(_render_state, "locals", None))
     _render_state.flags = (dtypes.float64 in scalars, dtypes.half in scalars and self.has_fp16, images)
     _render_state.stream = self.stream_stores and _streams(uops)
+    _render_state.locals = set()
     try: return super().render(name, pack_lanes(list(uops), self.vector_width) if self.vector_width > 1 else uops)
-    finally: _render_state.flags, _render_state.stream = outer
+    finally: _render_state.flags, _render_state.stream, _render_state.locals = outer
 
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
     fp64, fp16, images = getattr(_render_state, "flags", (False, False, False))
@@ -153,6 +159,7 @@ class OpenCLRenderer(CStyleLanguage):
     return f"__global {'' if writable else 'const '}{self.mem_dtype(dt)}* {name}"
 
   def render_local(self, name: str, dt: DType, size: int) -> str:
+    if (names := getattr(_render_state, "locals", None)) is not None: names.add(name)
     if dt.scalar() == dtypes.half and not self.has_fp16:   # core OpenCL can't declare half arrays, only point at them
       return f"__local ushort {name}_bits[{size}]; __local half* {name} = (__local half*){name}_bits;"
     return f"__local {self.mem_dtype(dt)} {name}[{size}];"
@@ -226,7 +233,9 @@ class OpenCLRenderer(CStyleLanguage):
       return f"({buf}[{idx}]!=0)"
     if s == dtypes.bfloat16 and n > 1:
       return self.render_vectorize(dt, [self.from_storage(f"{buf}[{idx}+{i}]", s) for i in range(n)])
-    if n > 1: return f"vload{n}(0, {buf}+{idx})"
+    if n > 1:
+      if self.clang: return f"*(({self._space(buf)} const {self._unaligned(s, n)}*)({buf}+{idx}))"
+      return f"vload{n}(0, {buf}+{idx})"
     return self.from_storage(f"{buf}[{idx}]", buf_dt)
 
   def render_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
@@ -236,10 +245,23 @@ class OpenCLRenderer(CStyleLanguage):
     if s == dtypes.bool: return f"{buf}[{idx}] = (uchar)({val});"
     if s == dtypes.bfloat16 and n > 1:
       return " ".join(f"{buf}[{idx}+{i}] = {self.to_storage(f'({val}).s{i:x}', s)};" for i in range(n))
-    if n > 1: return f"vstore{n}({val}, 0, {buf}+{idx});"
+    if n > 1:
+      if self.clang: return f"*(({self._space(buf)} {self._unaligned(s, n)}*)({buf}+{idx})) = {val};"
+      return f"vstore{n}({val}, 0, {buf}+{idx});"
     if s == dtypes.float32 and getattr(_render_state, "stream", False):
       return f"__builtin_nontemporal_store((float)({val}), {buf}+{idx});"
     return f"{buf}[{idx}] = {self.to_storage(val, buf_dt)};"
+
+  def _unaligned(self, scalar: DType, n: int) -> str:
+    """The CPU profile's vector access type: `scalar`N aligned only to its element. PoCL calls vloadN/vstoreN out of
+    line, and each call in a register tile's loop spills every live vector register (a 512^3 matmul: 40 -> 68
+    GFLOP/s without them); a dereference of this type is one unaligned vector move."""
+    t = self.render_dtype(scalar)
+    name = f"ko_{t}{n}u"
+    return self.helper(name, f"typedef {t} {name} __attribute__((ext_vector_type({n}), aligned({scalar.itemsize})));")
+
+  def _space(self, buf: str) -> str:
+    return "__local" if buf in getattr(_render_state, "locals", ()) else "__global"
 
   def render_image_load(self, u: UOp, srcs: list[str]) -> str:
     assert u.dtype is not None

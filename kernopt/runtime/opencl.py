@@ -43,6 +43,10 @@ def cpu_vector_width(d: Any, cl: Any) -> int:
   w = d.native_vector_width_float or d.preferred_vector_width_float
   return w if w in (4, 8, 16) else 4
 
+def is_pocl(d: Any) -> bool:
+  """Whether device d belongs to PoCL, whose OpenCL C compiler is clang."""
+  return "portable computing language" in d.platform.name.lower()
+
 class OpenCLDevice(Compiled):
   """Device "OPENCL". `OpenCLDevice(device=1)` or `device="pthread"` picks a device (see select_device)."""
   name = "OPENCL"
@@ -68,14 +72,14 @@ class OpenCLDevice(Compiled):
 
   def _make_renderer(self) -> OpenCLRenderer:
     """The device's limits and features; a CPU device (PoCL's pthread) also gets the CPU profile: lanes packed
-    into vectors of its native float width and heuristics_opencl's Opts, and (PoCL, whose compiler is clang)
-    non-temporal stores in big loop-free kernels."""
+    into vectors of its native float width and heuristics_opencl's Opts; PoCL's (its compiler is clang) also gets
+    element-aligned vector types for vector accesses, and non-temporal stores in big loop-free kernels when asked."""
     import pyopencl as cl
     d = self.cl_device
     return OpenCLRenderer(local_max=tuple(d.max_work_item_sizes), max_local_size=d.max_work_group_size,
                           shared_max=d.local_mem_size, has_fp16="cl_khr_fp16" in d.extensions.split(),
                           supports_images=bool(d.image_support), vector_width=cpu_vector_width(d, cl),
-                          stream_stores=self.stream_stores and "portable computing language" in d.platform.name.lower())
+                          stream_stores=self.stream_stores, clang=is_pocl(d))
 
   def compiler_id(self) -> str:
     d = self.cl_device
