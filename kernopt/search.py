@@ -244,6 +244,15 @@ def _knobs() -> dict[str, Any]:
   if not ret["CACHE_DIR"]: del ret["CACHE_DIR"]  # a remote worker keeps its own default
   return ret
 
+def _stop_pool(pool: cf.Executor, terminate: bool) -> None:
+  """Shut down a pool the search started; with `terminate`, end its workers now: a build still running past the
+  grace period (PoCL's, inside the worker, can't be interrupted) would otherwise hold a core for seconds after the
+  search returns, and the caller's next timings would see it."""
+  workers = list((getattr(pool, "_processes", None) or {}).values()) if terminate else []
+  pool.shutdown(wait=False, cancel_futures=True)
+  for proc in workers:
+    if proc.is_alive(): proc.terminate()
+
 def _pool(workers: int) -> cf.ProcessPoolExecutor:
   methods = multiprocessing.get_all_start_methods()
   ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")  # never fork
@@ -528,8 +537,9 @@ class _Search:
     if wait and self.inflight:
       left = self.t0 + self.cfg.time_budget_s - time.perf_counter() if self.cfg.time_budget_s is not None else math.inf
       cf.wait(self.inflight, timeout=max(0.1, min(SHUTDOWN_GRACE_S, left)))
+    busy = any(not f.done() for f in self.inflight)
     self.inflight = set()
-    if self.own_executor and self.executor is not None: self.executor.shutdown(wait=False, cancel_futures=True)
+    if self.own_executor and self.executor is not None: _stop_pool(self.executor, terminate=busy)
     if self.threads is not None: self.threads.shutdown(wait=False)
     self.threads = None
     self.executor, self.own_executor = None, False

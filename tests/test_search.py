@@ -221,6 +221,18 @@ def test_a_converged_search_goes_on_within_its_budget(monkeypatch):
   assert beams and beams[0] > 0 and beams[-1] == 0 and not res.stats.out_of_budget
   check_numpy(res.kernel, catalogue.get("matmul_512"))
 
+def test_stopping_a_busy_private_pool_ends_its_workers():
+  """A build still running when a search ends (a PoCL build can't be interrupted from inside its worker) must not
+  hold a core after `search` returns: the search's own pool is shut down with its busy workers terminated."""
+  ex = cf.ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("forkserver"))
+  ex.submit(int).result()   # the worker is up
+  build = ex.submit(time.sleep, 120)
+  while not build.running(): time.sleep(0.01)   # handed to the worker: shutdown can no longer cancel it
+  workers = list(ex._processes.values())
+  S._stop_pool(ex, terminate=True)
+  for p in workers: p.join(timeout=30)
+  assert workers and not any(p.is_alive() for p in workers)
+
 def test_tune_all_on_a_dask_cluster(monkeypatch, tmp_path):
   from dask.distributed import Client, LocalCluster  # required: pip install "dask[distributed]" (the test extra)
   names = ["sum_axis2", "matvec"]
