@@ -494,25 +494,37 @@ def test_cpu_profile_conv_like_short_reduce_keeps_8_accumulators(dev):
                                                    (OptOps.UNROLL, 0, 0), (OptOps.LOCAL, 0, 8)]
   np.testing.assert_allclose(got.reshape(M, N), a @ b, rtol=1e-4, atol=1e-4)
 
-def test_cpu_profile_big_elementwise_stores_are_non_temporal(dev):
+def test_cpu_profile_big_elementwise_stores_are_non_temporal_and_fenced(dev):
+  """On PoCL/x86-64 a loop-free kernel storing at least STREAM_MIN float32 elements stores them non-temporally, in
+  work-groups of STREAM_GROUP items that each end with a barrier and one sfence; the output, filled with NaN first,
+  equals numpy's exactly. Small kernels, the static profile and `stream_stores=False` keep plain stores."""
+  import platform
   from tests.catalogue import buf as lbuf, kernel, store
+  from kernopt.heuristics_opencl import STREAM_GROUP
   from kernopt.kernel import Kernel
   from kernopt.renderers.opencl import STREAM_MIN
-  import copy
-  r = copy.copy(_cpu_profile(dev))
-  assert not r.stream_stores   # opt-in: OpenCLDevice(stream_stores=True)
-  r.stream_stores = True
+  r = _cpu_profile(dev)
+  if not (r.clang and platform.machine().lower() in ("x86_64", "amd64")):
+    assert not r.stream_stores
+    pytest.skip("non-temporal stores need PoCL on x86-64")
+  assert r.stream_stores and r.capabilities()["stream_stores"] and not OpenCLRenderer().capabilities()["stream_stores"]
   shp = (STREAM_MIN // 1024, 1024)
   rng = np.random.default_rng(7)
   xs = {i: rng.standard_normal(shp, dtype=np.float32) for i in (1, 2)}
   ast = kernel(store(alu_ast(BinaryOps.ADD, lbuf(1, shp), lbuf(2, shp))))
-  got, _, src = _run_ast(dev, ast, r, xs, STREAM_MIN)
-  assert "__builtin_nontemporal_store(" in src
-  np.testing.assert_array_equal(got.reshape(shp), xs[1] + xs[2])
+  k = Kernel(ast, opts=r).required_optimizations().hand_coded_optimizations()
+  prg = k.to_program()
+  assert "__builtin_nontemporal_store(" in prg.src and prg.local_size[0] == STREAM_GROUP
+  tail = prg.src.rstrip().splitlines()[-3:-1]
+  assert tail[0].strip() == "barrier(CLK_GLOBAL_MEM_FENCE);" and '__asm__ __volatile__("sfence"' in tail[1]
+  out = Buffer("OPENCL", STREAM_MIN, f32).copyin(np.full(STREAM_MIN, np.nan, np.float32))
+  dev.compile(prg)(out, buf(xs[1]), buf(xs[2]), wait=True)
+  np.testing.assert_array_equal(out.numpy().reshape(shp), xs[1] + xs[2])
   small = kernel(store(alu_ast(BinaryOps.ADD, lbuf(1, (64, 64)), lbuf(2, (64, 64)))))
-  for rr, a in ((r, small), (OpenCLRenderer(), ast), (OpenCLRenderer(vector_width=r.vector_width), ast)):
-    assert "nontemporal" not in Kernel(a, opts=rr).hand_coded_optimizations().to_program().src
-  assert r.capabilities()["stream_stores"] and not OpenCLRenderer().capabilities()["stream_stores"]
+  plain = OpenCLDevice(stream_stores=False).renderer
+  for rr, a in ((r, small), (OpenCLRenderer(), ast), (OpenCLRenderer(vector_width=r.vector_width), ast), (plain, ast)):
+    src = Kernel(a, opts=rr).hand_coded_optimizations().to_program().src
+    assert "nontemporal" not in src and "sfence" not in src
 
 def test_cpu_profile_row_sum_streams_rows_into_vector_accumulators(dev):
   from tests.catalogue import buf as lbuf, kernel, reduce, store

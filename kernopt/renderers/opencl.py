@@ -30,6 +30,12 @@ _NATIVE_VECTOR_OPS = frozenset((BinaryOps.ADD, BinaryOps.MUL, UnaryOps.NEG, Tern
                                 UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT))
 _render_state = threading.local()   # (uses fp64, uses fp16 arithmetic, has image reads) of the render in progress
 STREAM_MIN = 1 << 22   # float32 elements a loop-free kernel stores before its scalar stores become non-temporal
+# the end of a streaming kernel: every work-item's stores precede the barrier; one sfence then orders them all, since
+# PoCL runs a work-group's items on one thread (LLVM fences are no-ops for non-temporal stores, mem_fence compiles to
+# nothing on PoCL, and an mfence per group measured 2x slower than this)
+_STREAM_FENCE = ("  barrier(CLK_GLOBAL_MEM_FENCE);",
+                 '  if (get_local_id(0) == 0 && get_local_id(1) == 0 && get_local_id(2) == 0) __asm__ __volatile__'
+                 '("sfence" ::: "memory");')
 
 class OpenCLRenderer(CStyleLanguage):
   """OpenCL C. The no-argument profile is DESIGN.md's static one; the OPENCL device passes the real limits and
@@ -38,8 +44,9 @@ class OpenCLRenderer(CStyleLanguage):
   with the ALU ops and accumulators between them, are packed into floatN ops at render time, upcasts up to
   2*vector_width, and `heuristics` "opencl_cpu" (kernopt/heuristics_opencl.py). With it, `clang` (the device
   compiles with clang: PoCL) renders vector accesses as element-aligned vector-type dereferences instead of
-  vloadN/vstoreN, and `stream_stores` (clang only) makes big loop-free kernels store float32 lanes with
-  __builtin_nontemporal_store."""
+  vloadN/vstoreN, and `stream_stores` (clang on x86-64: PoCL runs each work-group on one thread) makes big
+  loop-free kernels store float32 lanes with __builtin_nontemporal_store, each work-group ending with a barrier and
+  an `sfence` by its first work-item, so the weakly ordered stores are visible before the group is reported done."""
   device = "OPENCL"
   suffix = "cl"
   has_local = True
@@ -53,6 +60,7 @@ class OpenCLRenderer(CStyleLanguage):
   vector_width = 1
   heuristics = "spec"
   stream_stores = False
+  stream_min = STREAM_MIN
   clang = False
 
   kernel_prefix = "__kernel "
@@ -114,6 +122,7 @@ class OpenCLRenderer(CStyleLanguage):
     # OpenCL C lets the compiler fuse a*b+c into one rounding by default; every profile rounds each op as the op
     # table says, as the C (-ffp-contract=off) and CUDA (--fmad=false) devices do
     pragmas.append("#pragma OPENCL FP_CONTRACT OFF")
+    if getattr(_render_state, "stream", False): body = body + list(_STREAM_FENCE)
     return super().render_kernel(name, params, body, pragmas + preamble + [_SAMPLER] * images)
 
   # ***** types and values *****
