@@ -1,7 +1,8 @@
 """Beam search over Opts, timed on a device and validated against the unoptimized kernel, and the tuning cache that
 remembers its results (on disk; exportable as one JSON file). Candidates are rendered and compiled in worker
 processes of any concurrent.futures.Executor, then timed one at a time here. Uses numpy and kernopt.runtime;
-tqdm (progress) and dask (tune_all on a cluster) only when present and asked for."""
+tqdm (progress) and dask (tune_all on a cluster) only when present and asked for. The action space
+(kernopt.search_space) and validation (kernopt.validation) live beside it and are re-exported here."""
 from __future__ import annotations
 import concurrent.futures as cf
 import dataclasses
@@ -17,14 +18,17 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 import kernopt
 from kernopt import ops
-from kernopt.dtype import DType, ImageDType, dtypes
+from kernopt.dtype import ImageDType
 from kernopt.errors import KernelOptError, KernoptError
-from kernopt.helpers import ansistrip, config_override, diskcache_get, diskcache_items, diskcache_put, getconfig, prod
+from kernopt.helpers import ansistrip, config_override, diskcache_get, diskcache_items, diskcache_put, getconfig
 from kernopt.kernel import Kernel, Opt, OptOps
-from kernopt.ops import BufferOps, LazyOp, MemBuffer
+from kernopt.ops import LazyOp
 from kernopt.renderers import Program, Renderer
 from kernopt.runtime import Buffer, Compiled, CompiledRunner, Device, np_dtype
 from kernopt.shape.symbolic import sym_infer
+from kernopt.search_space import GROUP_AMTS, LOCAL_AMTS, PADTO_AMTS, TC_AXES, UNROLL_AMTS, UPCAST_AMTS, \
+  _interleave, _upcast_size, actions, expand  # noqa: F401 (re-exported)
+from kernopt.validation import Validator, _as_float, _reference_kernel, random_array, tolerance  # noqa: F401
 
 TUNING_TABLE = "tuning"
 EXPORT_FORMAT = "kernopt-tuning"
@@ -33,13 +37,6 @@ KEY_VERSION = 1   # bump when the meaning of a tuning entry changes
 
 # seconds a finished search waits for its workers' running builds (PoCL's can't be interrupted)
 SHUTDOWN_GRACE_S = 1.0
-# the action space: amounts tried for each kind of Opt (0: the whole axis)
-UPCAST_AMTS = (0, 2, 3, 4, 5, 7, 8, 16)
-UNROLL_AMTS = (0, 2, 3, 4, 5, 7, 8, 16)
-LOCAL_AMTS = (2, 3, 4, 8, 13, 16, 29)
-GROUP_AMTS = (0, 4, 8, 16)
-PADTO_AMTS = (32,)
-TC_AXES = 9
 
 # test hook: when set, every candidate's Program passes through it before it is compiled in this process
 _corrupt: Optional[Callable[[Kernel, Program], Program]] = None
@@ -106,85 +103,6 @@ def opt_from_json(x: Sequence[Any]) -> Opt:
   """[op name, axis, amt] -> Opt; raises KernelOptError on an unknown op name."""
   if len(x) != 3 or x[0] not in OptOps.__members__: raise KernelOptError(f"not a serialized Opt: {x!r}")
   return Opt(OptOps[x[0]], x[1], x[2])
-
-# ***** the action space *****
-
-def actions(k: Kernel) -> list[Opt]:
-  """Every Opt the search tries on k: upcasts, unrolls, locals, groups, pads, NOLOCALS and tensor cores (at the
-  TC_OPT level) over k's axes. Many are refused by apply_opt; that is how validity is decided."""
-  n, r = k.shape_len, max(k.shape_len - k.first_reduce, 0)
-  ret = [Opt(OptOps.UPCAST, ax, amt) for amt in UPCAST_AMTS for ax in range(k.first_reduce)]
-  ret += [Opt(OptOps.UNROLL, ax, amt) for amt in UNROLL_AMTS for ax in range(r)]
-  if k.opts.has_local:
-    ret += [Opt(OptOps.LOCAL, ax, amt) for amt in LOCAL_AMTS for ax in range(k.first_reduce)]
-    if k.opts.has_shared:
-      ret += [Opt(op, ax, amt) for op in (OptOps.GROUP, OptOps.GROUPTOP) for amt in GROUP_AMTS for ax in range(r)]
-    ret.append(Opt(OptOps.NOLOCALS))
-  ret += [Opt(OptOps.PADTO, ax, amt) for amt in PADTO_AMTS for ax in range(n)]
-  if k.opts.tensor_cores and not k.applied_opts:
-    ret += [Opt(OptOps.TC, ax, getconfig().TC_OPT) for ax in range(TC_AXES)]
-  return ret
-
-def _upcast_size(k: Kernel) -> int:
-  return prod(s for s in k.full_shape[k.shape_len - k.upcasted:] if isinstance(s, int))
-
-def _local_size(k: Kernel) -> int:
-  fr = k.first_reduce
-  return prod(s for s in k.full_shape[fr - k.local_dims:fr + k.group_for_reduces] if isinstance(s, int))
-
-def _shared_bytes(ast: LazyOp) -> int:
-  locals_ = {x.arg for x in ast.lazyops if x.op in BufferOps and isinstance(x.arg, MemBuffer) and x.arg.idx < 0}
-  return sum(prod(b.st.shape) * _itemsize(b.dtype) for b in locals_)
-
-def _itemsize(dt: DType) -> int: return dt.base.itemsize if isinstance(dt, ImageDType) else dt.itemsize
-
-def _over_limits(k: Kernel, ast: LazyOp, cfg: SearchConfig, parent_upcast: int = 0) -> bool:
-  """Past the device's limits, or past the search's upcast limit (raised to the parent's: a start beyond it, such as
-  a device profile's hand-coded tile, still has children that don't grow the tile)."""
-  r = k.opts
-  return _upcast_size(k) > max(cfg.max_upcast_size, parent_upcast) or \
-    _local_size(k) > min(cfg.max_local_size, r.max_local_size) or _shared_bytes(ast) > r.shared_max
-
-def expand(k: Kernel, cfg: SearchConfig, seen: set[str], stats: SearchStats) -> list[tuple[str, Kernel]]:
-  """The kernels one action away from k that are valid, within the device's limits and not in `seen` (optimized-AST
-  digests, updated in place), with their digests."""
-  ret = []
-  parent_upcast = _upcast_size(k)
-  for a in actions(k):
-    if a.amt not in (None, 0) and a.axis is not None:
-      real = a.real_axis(k)
-      if real < k.shape_len and k.full_shape[real] == a.amt: continue  # the same as amt=0
-    k2 = k.copy()
-    try:
-      k2.apply_opt(a)
-      ast = k2.get_optimized_ast()
-    except KernoptError: continue
-    digest = ops.ast_digest(ast)
-    if digest in seen: continue
-    seen.add(digest)
-    if _over_limits(k2, ast, cfg, parent_upcast):
-      stats.pruned += 1
-      continue
-    ret.append((digest, k2))
-  return ret
-
-def _likely(c: Any) -> tuple[int, int]:
-  """A cheap guess at how promising a candidate is (lower first): a power-of-two amount of 2-16 before odd ones."""
-  o = c.kernel.applied_opts[-1] if c.kernel.applied_opts else None
-  amt = o.amt if o is not None and isinstance(o.amt, int) else 0
-  return (0 if amt in (4, 2, 8, 16) else 1, (4, 2, 8, 16).index(amt) if amt in (4, 2, 8, 16) else 0)
-
-def _interleave(per_parent: list[list[Any]]) -> list[Any]:
-  """The round's candidates in the order to build them, so a budget that ends mid-round has built the likeliest:
-  the best parent's first; within a parent, one of each kind of Opt in turn, the likeliest amount of each first."""
-  ret = []
-  for cands in per_parent:
-    kinds: dict[Any, list[Any]] = {}
-    for c in cands: kinds.setdefault(c.kernel.applied_opts[-1].op if c.kernel.applied_opts else None, []).append(c)
-    queues = [sorted(q, key=_likely) for q in kinds.values()]
-    for i in range(max((len(q) for q in queues), default=0)): ret += [q[i] for q in queues if i < len(q)]
-  return ret
-
 # ***** rendering and compiling, possibly in another process *****
 
 @dataclass(frozen=True)
@@ -257,73 +175,6 @@ def _pool(workers: int) -> cf.ProcessPoolExecutor:
   methods = multiprocessing.get_all_start_methods()
   ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")  # never fork
   return cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
-
-# ***** validation *****
-
-_TOL = {dtypes.half: 1e-2, dtypes.bfloat16: 1e-2, dtypes.float: 1e-3, dtypes.double: 1e-6}
-
-def tolerance(dt: DType) -> float:
-  """rtol = atol for comparing an output of dtype dt with the unoptimized kernel's: 0 (exact) for ints and bool."""
-  dt = dt.base if isinstance(dt, ImageDType) else dt.scalar()
-  return _TOL.get(dt, 0.0)
-
-def random_array(dt: DType, size: int, rng: np.random.Generator) -> np.ndarray:
-  """size seeded random values of dt in its storage type: floats in [-1, 1), ints in [-8, 8) (unsigned [0, 16)),
-  bool; bfloat16 as bit patterns."""
-  base = dt.base if isinstance(dt, ImageDType) else dt.scalar()
-  if base == dtypes.bfloat16:
-    return (rng.uniform(-1, 1, size).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-  npdt = np_dtype(base)
-  if npdt == np.bool_: return rng.integers(0, 2, size).astype(np.bool_)
-  if npdt.kind == "f": return rng.uniform(-1, 1, size).astype(npdt)
-  if npdt.kind == "u": return rng.integers(0, 16, size).astype(npdt)
-  return rng.integers(-8, 8, size).astype(npdt)
-
-def _as_float(a: np.ndarray, dt: DType) -> np.ndarray:
-  base = dt.base if isinstance(dt, ImageDType) else dt.scalar()
-  if base == dtypes.bfloat16: return (a.astype(np.uint32) << np.uint32(16)).view(np.float32)
-  return a
-
-class Validator:
-  """Seeded random buffers (its own, so the caller's data is never needed nor overwritten by validation) and the
-  outputs the unoptimized kernel writes into them; `check(runner)` compares a candidate's outputs with those."""
-  def __init__(self, kernel: Kernel, dev: Compiled, var_vals: dict, sizes: Optional[Sequence[int]], seed: int):
-    self.dev, self.var_vals = dev, var_vals
-    ref = _reference_kernel(kernel)
-    self.program = ref.to_program()
-    rng = np.random.default_rng(seed)
-    n = sizes if sizes is not None else [sym_infer(a.min_size, {v: v.max for v in self.program.vars})
-                                         for a in self.program.args]
-    self.args = self.program.args
-    self.start = [random_array(a.dtype, sz, rng) for a, sz in zip(self.args, n)]
-    self.bufs = [Buffer(dev.name, sz, a.dtype).copyin(x) for a, sz, x in zip(self.args, n, self.start)]
-    self.ref_time = dev.compile(self.program)(*self.bufs, var_vals=var_vals, wait=True) or math.inf
-    self.expected = {i: b.numpy() for i, (a, b) in enumerate(zip(self.args, self.bufs)) if a.writable}
-
-  def check(self, runner: CompiledRunner) -> Optional[str]:
-    """None if runner's outputs match the reference's, else what differs."""
-    for i in self.expected: self.bufs[i].copyin(self.start[i])
-    runner(*self.bufs, var_vals=self.var_vals, wait=True)
-    for i, want in self.expected.items():
-      got, dt = self.bufs[i].numpy(), self.args[i].dtype
-      tol = tolerance(dt)
-      if tol == 0.0:
-        if not np.array_equal(got, want):
-          return f"buffer {self.args[i].idx}: {int((got != want).sum())} elements differ"
-        continue
-      g, w = _as_float(got, dt).astype(np.float64), _as_float(want, dt).astype(np.float64)
-      if not np.allclose(g, w, rtol=tol, atol=tol, equal_nan=True):
-        bad = ~np.isclose(g, w, rtol=tol, atol=tol, equal_nan=True)
-        return f"buffer {self.args[i].idx}: {int(bad.sum())} elements differ, max abs error {np.nanmax(np.abs(g - w))}"
-    return None
-
-def _reference_kernel(kernel: Kernel) -> Kernel:
-  """The kernel with no Opts beyond the required ones (the start kernel if that can't be built)."""
-  try:
-    ref = Kernel(kernel.ast, opts=kernel.opts).required_optimizations()
-    ref.get_optimized_ast()
-    return ref
-  except KernoptError: return kernel.copy()
 
 # ***** progress *****
 
@@ -514,7 +365,7 @@ class _Search:
 
   def winners(self, timed: list[_Cand], n: int, force: bool = False) -> list[_Cand]:
     """The n fastest candidates that pass validation (every candidate passes when validation is off)."""
-    ret = []
+    ret: list[_Cand] = []
     for c in timed:
       if len(ret) >= n or (not force and self.out_of_time()): break
       if self.validator is not None and self.cfg.validate and c.valid is None:

@@ -218,8 +218,24 @@ def test_a_converged_search_goes_on_within_its_budget(monkeypatch):
   S.search(k, None, S.SearchConfig(workers=0, progress=False))
   assert beams == []
   res = S.search(k, None, S.SearchConfig(time_budget_s=60, workers=0, progress=False))
-  assert beams and beams[0] > 0 and beams[-1] == 0 and not res.stats.out_of_budget
+  # (how many restarts there are depends on the timings: which candidates fall within `cutoff` of the best)
+  assert beams and beams[-1] == 0 and not res.stats.out_of_budget
   check_numpy(res.kernel, catalogue.get("matmul_512"))
+
+def test_a_restart_takes_the_fastest_unexpanded_candidates_within_the_cutoff(monkeypatch):
+  """The next beam of a converged budgeted search: the `width` fastest built candidates not expanded yet, each once,
+  none over `cutoff` times the best; when none is left the search ends."""
+  s = S._Search.__new__(S._Search)
+  s.cfg, s.validator = S.SearchConfig(beam=2, cutoff=3.0, workers=0, progress=False), None
+  monkeypatch.setattr(S._Search, "out_of_time", lambda self: False)
+  k = kernel_of("add")
+  c = {d: S._Cand(d, k, runner=object(), time_s=t) for d, t in [("a", 1.0), ("b", 1.5), ("c", 2.0), ("d", 2.5),
+                                                                   ("slow", 4.0)]}
+  c["unbuilt"] = S._Cand("unbuilt", k, runner=None, time_s=1.2)
+  pool = [*c.values(), c["b"]]
+  assert [x.digest for x in s._restart(pool, {"a"}, c["a"], 2)] == ["b", "c"]
+  assert [x.digest for x in s._restart(pool, {"a", "b"}, c["a"], 3)] == ["c", "d"]
+  assert s._restart(pool, {"a", "b", "c", "d"}, c["a"], 2) == []
 
 def test_stopping_a_busy_private_pool_ends_its_workers():
   """A build still running when a search ends (a PoCL build can't be interrupted from inside its worker) must not

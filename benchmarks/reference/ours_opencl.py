@@ -12,7 +12,9 @@ from kernopt.runtime import Buffer, Device  # noqa: E402
 
 REPS = int(os.environ.get("REPS", 15))
 dev = Device.open("OPENCL")
+only = [n for n in os.environ.get("WORKLOADS", "").split(",") if n]
 for name, w in workloads().items():
+  if only and name not in only: continue
   inputs = w.inputs(np.random.default_rng(0))
   bufs = {i: Buffer(dev.name, n, dtypes.float32) for i, n in w.buffers}
   for i, arr in inputs.items(): bufs[i].copyin(arr)
