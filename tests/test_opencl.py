@@ -55,6 +55,10 @@ def make(dev, name, uops, args, global_size, local_size, renderer=None, vars=())
   prg = Program(name, src, "OPENCL", global_size, local_size, tuple(uops), args=tuple(args), vars=tuple(vars))
   return dev.compile(prg)
 
+def OptOps_(name):
+  from kernopt.opt import OptOps
+  return getattr(OptOps, name)
+
 def vector_access(src, w, kind):
   """Whether src loads or stores a float`w` vector in one access (vloadN/vstoreN, or PoCL's element-aligned casts)."""
   if kind == "load": return f"vload{w}(" in src or f"*((__global const ko_float{w}u*)(" in src
@@ -525,6 +529,31 @@ def test_cpu_profile_big_elementwise_stores_are_non_temporal_and_fenced(dev):
   for rr, a in ((r, small), (OpenCLRenderer(), ast), (OpenCLRenderer(vector_width=r.vector_width), ast), (plain, ast)):
     src = Kernel(a, opts=rr).hand_coded_optimizations().to_program().src
     assert "nontemporal" not in src and "sfence" not in src
+
+@pytest.mark.parametrize("opts", [[(OptOps_("UPCAST"), 0, 8), (OptOps_("LOCAL"), 0, 16)],
+                                  [(OptOps_("NOLOCALS"), None, None)],
+                                  [(OptOps_("UPCAST"), 0, 2), (OptOps_("LOCAL"), 0, 2)]],
+                         ids=["vector-stores", "no-locals", "small-groups"])
+def test_streamed_kernels_with_other_opts_are_exact(dev, opts):
+  """A kernel big enough to stream, under Opts a search could choose (packed vector stores, no local size, groups
+  of 2): the barrier and fence at its end keep it exact, the output filled with NaN first."""
+  from tests.catalogue import buf as lbuf, kernel, store
+  from kernopt.renderers.opencl import STREAM_MIN
+  r = _cpu_profile(dev)
+  if not r.stream_stores: pytest.skip("non-temporal stores need PoCL on x86-64")
+  shp = (STREAM_MIN // 1024, 1024)
+  rng = np.random.default_rng(11)
+  xs = {i: rng.standard_normal(shp, dtype=np.float32) for i in (1, 2)}
+  ast = kernel(store(alu_ast(BinaryOps.ADD, lbuf(1, shp), lbuf(2, shp))))
+  from kernopt.kernel import Kernel
+  from kernopt.opt import Opt
+  k = Kernel(ast, opts=r).required_optimizations()
+  for o in opts: k.apply_opt(Opt(*o))
+  prg = k.to_program()
+  assert "sfence" in prg.src
+  out = Buffer("OPENCL", STREAM_MIN, f32).copyin(np.full(STREAM_MIN, np.nan, np.float32))
+  dev.compile(prg)(*[{0: out, 1: buf(xs[1]), 2: buf(xs[2])}[a.idx] for a in prg.args], wait=True)
+  np.testing.assert_array_equal(out.numpy().reshape(shp), xs[1] + xs[2])
 
 def test_cpu_profile_row_sum_streams_rows_into_vector_accumulators(dev):
   from tests.catalogue import buf as lbuf, kernel, reduce, store
