@@ -8,7 +8,7 @@ import itertools
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeGuard, Union, cast
-from kernopt import heuristics, heuristics_cpu, heuristics_opencl, ops
+from kernopt import heuristics, heuristics_cpu, heuristics_cuda, heuristics_opencl, ops
 from kernopt.dtype import ImageDType, dtypes
 from kernopt.errors import KernelOptError, ShapeError, UnsupportedError, VerifyError
 from kernopt.opt import Opt, OptOps, TensorCoreOptions
@@ -625,13 +625,14 @@ class Kernel:
     return self
 
   def hand_coded_optimizations(self) -> Kernel:
-    """The spec's heuristics (kernopt/heuristics.py), or, for a renderer whose `heuristics` is "cpu_native" (the
-    native CPU profile), heuristics_cpu's register tiles, falling back to the spec's when none fits. Never applies
-    tensor cores."""
+    """The spec's heuristics (kernopt/heuristics.py), or, for a renderer whose `heuristics` names a device profile
+    ("cpu_native", "opencl_cpu", "cuda_gpu"), that profile's rules (heuristics_cpu, heuristics_opencl,
+    heuristics_cuda), falling back to the spec's when none fits. Never applies tensor cores."""
     self.required_optimizations()
     if getattr(self.opts, "heuristics", "spec") == "cpu_native" and heuristics_cpu.hand_coded_cpu(self): return self
     if getattr(self.opts, "heuristics", "spec") == "opencl_cpu" and heuristics_opencl.hand_coded_opencl(self):
       return self
+    if getattr(self.opts, "heuristics", "spec") == "cuda_gpu" and heuristics_cuda.hand_coded_cuda(self): return self
     heuristics.hand_coded(self)
     return self
 

@@ -4,7 +4,7 @@
   PYTHONPATH=. python scripts/gpu_check.py --dry-run  # render and compile (nvcc or NVRTC) without a GPU
   PYTHONPATH=. python scripts/gpu_check.py --fuzz 8  # then 8 random legal Opt sequences per case (tests/fuzz.py)
 
-Each case runs with the standard protocol; cases that take tensor cores also run with USE_TC=2 and TC_OPT 0..2.
+Each case runs with the standard protocol and the CUDA device's profile (heuristics_cuda); cases that take tensor cores also run with USE_TC=2 and TC_OPT 0..2.
 Prints a pass/fail table with codegen, compile and kernel times; exits 1 on any failure."""
 from __future__ import annotations
 import argparse
@@ -22,13 +22,14 @@ from catalogue import Case, bf16_to_f32, catalogue  # noqa: E402
 from kernopt.dtype import dtypes  # noqa: E402
 from kernopt.helpers import config_override  # noqa: E402
 from kernopt.kernel import Kernel  # noqa: E402
-from kernopt.renderers import Program, get_renderer  # noqa: E402
+from kernopt.renderers import Program  # noqa: E402
+from kernopt.renderers.cuda import CUDARenderer  # noqa: E402
 
 def variants(case: Case, arch: str) -> list[dict[str, int]]:
   """The knob settings to run case with: the default, plus USE_TC=2 and TC_OPT 0..2 where a tensor core applies."""
   def applies(tc_opt: int) -> bool:
     with contextlib.redirect_stdout(io.StringIO()):
-      k = Kernel(case.ast, opts=get_renderer("CUDA", arch=arch)).required_optimizations()
+      k = Kernel(case.ast, opts=CUDARenderer(arch, heuristics="cuda_gpu")).required_optimizations()
       return bool(k.apply_tensor_cores(1, tc_opt=tc_opt))
   levels = [t for t in (0, 1, 2) if applies(t)]
   if not levels: return [{}]
@@ -37,7 +38,7 @@ def variants(case: Case, arch: str) -> list[dict[str, int]]:
 def build(case: Case, arch: str, knobs: dict[str, int]) -> tuple[Program, bool]:
   """The Program of case for CUDA arch under knobs (standard protocol) and whether a tensor core was applied."""
   with config_override(**knobs), contextlib.redirect_stdout(io.StringIO()):
-    k = Kernel(case.ast, opts=get_renderer("CUDA", arch=arch)).required_optimizations()
+    k = Kernel(case.ast, opts=CUDARenderer(arch, heuristics="cuda_gpu")).required_optimizations()
     tc = bool(k.apply_tensor_cores())
     if not tc: k.hand_coded_optimizations()
     return k.to_program(), tc

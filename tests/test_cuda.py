@@ -6,19 +6,21 @@ import pytest
 from catalogue import catalogue, protocol_program
 from kernopt.errors import CompileError, UnsupportedError
 from kernopt.renderers import get_renderer
+from kernopt.renderers.cuda import CUDARenderer
 from kernopt.runtime import Device
 from kernopt.runtime.cuda import CUDADevice, batch_sources, compile_cuda
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH: CUDA compile checks skipped")
 NAMES = [c.name for c in catalogue("small") if "image" not in c.tags and not c.name.startswith("image")]
 
-def program(name: str, arch: str = "sm_80"):
-  return protocol_program(name, get_renderer("CUDA", arch=arch))
+def program(name: str, arch: str = "sm_80", heuristics: str = "spec"):
+  return protocol_program(name, get_renderer("CUDA", arch=arch) if heuristics == "spec" else
+                          CUDARenderer(arch, heuristics=heuristics))
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("arch,heuristics", [("sm_80", "spec"), ("sm_90", "spec"), ("sm_90", "cuda_gpu")])
 @needs_nvcc
-def test_catalogue_compiles_with_nvcc(arch):
-  srcs = [program(n, arch)[0].src for n in NAMES]
+def test_catalogue_compiles_with_nvcc(arch, heuristics):
+  srcs = [program(n, arch, heuristics)[0].src for n in NAMES]
   assert len(srcs) >= 10
   cubin = compile_cuda(batch_sources(srcs), arch, prefer_nvrtc=False, cache=False)
   assert cubin[:4] == b"\x7fELF"

@@ -5,11 +5,11 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1] / "kernopt"
 # DESIGN.md's table, top to bottom; a module may import only from entries at or above its own
-# (opt, heuristics and heuristics_cpu are kernopt's split of the table's kernel.py: the Opt data and the rules that
+# (opt and the heuristics modules are kernopt's split of the table's kernel.py: the Opt data and the rules that
 # choose Opts sit below the Kernel that applies them; search_space and validation are split out of search.py)
 ORDER = ["dtype", "helpers", "errors", "shape.symbolic", "shape.view", "shape.shapetracker", "ops", "uops",
-         "renderers", "uopgraph", "lowerer", "opt", "heuristics", "heuristics_cpu", "heuristics_opencl", "kernel",
-         "runtime", "search_space", "validation", "search"]
+         "renderers", "uopgraph", "lowerer", "opt", "heuristics", "heuristics_cpu", "heuristics_opencl",
+         "heuristics_cuda", "kernel", "runtime", "search_space", "validation", "search"]
 CORE = set(ORDER[:ORDER.index("runtime")])
 STDLIB = set(sys.stdlib_module_names)
 

@@ -7,7 +7,7 @@ CORE = ["kernopt/dtype.py", "kernopt/helpers.py", "kernopt/errors.py", "kernopt/
         "kernopt/uops.py", "kernopt/renderers/__init__.py", "kernopt/renderers/cstyle.py", "kernopt/renderers/cuda.py",
         "kernopt/renderers/metal.py", "kernopt/renderers/amd.py", "kernopt/uopgraph.py", "kernopt/lowerer.py",
         "kernopt/opt.py", "kernopt/heuristics.py", "kernopt/heuristics_cpu.py", "kernopt/heuristics_opencl.py",
-        "kernopt/kernel.py", "kernopt/renderers/native.py", "kernopt/renderers/opencl.py",
+        "kernopt/heuristics_cuda.py", "kernopt/kernel.py", "kernopt/renderers/native.py", "kernopt/renderers/opencl.py",
         "kernopt/renderers/vectorize.py"]
 
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (it is in the test extra)")

@@ -44,14 +44,17 @@ class CUDARenderer(CStyleLanguage):
   type_map = {**CStyleLanguage.type_map, dtypes.int8: "signed char", dtypes.int64: "long long",
               dtypes.uint64: "unsigned long long", dtypes.bfloat16: "__nv_bfloat16"}
 
-  def __init__(self, arch: str = "sm_80"):
+  def __init__(self, arch: str = "sm_80", heuristics: str = "spec"):
+    """`heuristics` "cuda_gpu" (what the CUDA device renders with) tries kernopt/heuristics_cuda.py's rules before
+    the spec's; "spec" (the default: DESIGN.md's static profile) uses the spec's alone."""
     if not arch.startswith("sm_") or not arch[3:].isdigit():
       raise UnsupportedError(f"CUDA arch must look like 'sm_80', got {arch!r}")
-    self.arch = arch
+    if heuristics not in ("spec", "cuda_gpu"): raise UnsupportedError(f"CUDA has no heuristics {heuristics!r}")
+    self.arch, self.heuristics = arch, heuristics
     self.tensor_cores = CUDA_TENSOR_CORES if int(arch[3:]) >= 80 else ()
 
   def capabilities(self) -> dict:
-    return {**super().capabilities(), "arch": self.arch}
+    return {**super().capabilities(), "arch": self.arch, "heuristics": self.heuristics}
 
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
     bounds = self.workgroup_threads()

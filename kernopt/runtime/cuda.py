@@ -183,7 +183,7 @@ class CUDADevice(Compiled):
     if _import_nvrtc() is None and find_nvcc() is None: return False, "no CUDA compiler: neither NVRTC nor nvcc"
     return True, ""
 
-  def _make_renderer(self) -> Renderer: return CUDARenderer(arch=self.arch)
+  def _make_renderer(self) -> Renderer: return CUDARenderer(arch=self.arch, heuristics="cuda_gpu")
   def compiler_id(self) -> str: return compiler_id(self.arch, self.prefer_nvrtc)
   def synchronize(self) -> None:
     self._bind()

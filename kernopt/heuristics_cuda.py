@@ -1,0 +1,55 @@
+"""Hand-coded optimizations for the CUDA device's profile (`CUDARenderer(heuristics="cuda_gpu")`, what
+`Device["CUDA"]` renders with), used by `Kernel.hand_coded_optimizations` before the spec's rules: thread blocks of
+whole warps and row reductions split across a block. A kernel no rule fits gets the spec's heuristics. Measured on
+an H200 (2026-11-30, benchmarks/bench_opts.py, medians of 21 interleaved launches; docs/cuda.md). Imports ops, opt
+and the spec heuristics' helpers; the Kernel is passed in."""
+from __future__ import annotations
+from typing import TYPE_CHECKING
+from kernopt.heuristics import input_bufs, strides, try_opt, vector_axis
+from kernopt.ops import ReduceOps
+from kernopt.opt import OptOps
+
+if TYPE_CHECKING: from kernopt.kernel import Kernel
+
+ELEMENTWISE_LANES = 4     # a float4 per thread, as the spec's rules choose
+ELEMENTWISE_BLOCK = 128   # threads per block of an elementwise kernel (spec: 32): a+b 4096^2 2348 -> 3977 GB/s
+ROW_GROUP = 128           # threads splitting one row's reduction: sum(axis=1) 4096^2 743 -> 2368 GB/s with ROW_UNROLL
+ROW_UNROLL = 4
+MANY_OUTPUTS = 2048       # the spec splits reductions of at most this many outputs itself (GROUPTOP 16)
+
+def hand_coded_cuda(k: Kernel) -> bool:
+  """Apply the CUDA profile's rules to k; False (k untouched) when none fits, so the spec's heuristics run."""
+  if k.upcasted or k.local_dims or k.group_for_reduces or not k.bufs or k.opts.has_local is False: return False
+  if k.reduceop is None: return _elementwise(k)
+  return _row_reduce(k)
+
+def _elementwise(k: Kernel) -> bool:
+  """A float4 per thread along the contiguous output axis, in blocks of ELEMENTWISE_BLOCK threads (4 warps: a block
+  of one warp caps an SM at half its threads)."""
+  axis = vector_axis(k, ELEMENTWISE_LANES)
+  if axis is None: return False
+  size, per_block = k.full_shape[axis], ELEMENTWISE_LANES * ELEMENTWISE_BLOCK
+  if not isinstance(size, int) or size % per_block or size < 2 * per_block: return False
+  snap = k._snapshot()
+  if try_opt(k, OptOps.UPCAST, axis, ELEMENTWISE_LANES) and try_opt(k, OptOps.LOCAL, axis, ELEMENTWISE_BLOCK):
+    return True
+  k._restore(snap)
+  return False
+
+def _row_reduce(k: Kernel) -> bool:
+  """More than MANY_OUTPUTS rows each reduced along one axis that is unit-stride in every input (a row sum): ROW_GROUP
+  threads of a block split each row (GROUPTOP: neighbouring threads read neighbouring elements, so loads coalesce,
+  and every SM gets blocks), each unrolling ROW_UNROLL steps of its share."""
+  if k.reduceop is None or k.reduceop.op not in (ReduceOps.SUM, ReduceOps.MAX): return False
+  if k.shape_len - k.first_reduce != 1: return False
+  outputs = 1
+  for n in k.full_shape[:k.first_reduce]:
+    if not isinstance(n, int): return False
+    outputs *= n
+  size = k.full_shape[k.first_reduce]
+  if outputs <= MANY_OUTPUTS or not isinstance(size, int) or size % (ROW_GROUP * ROW_UNROLL): return False
+  if not all(strides(k, i)[k.first_reduce] == 1 for i in input_bufs(k)): return False
+  snap = k._snapshot()
+  if try_opt(k, OptOps.GROUPTOP, 0, ROW_GROUP) and try_opt(k, OptOps.UNROLL, 1, ROW_UNROLL): return True
+  k._restore(snap)
+  return False
