@@ -5,7 +5,7 @@ an H200 (2026-11-30, benchmarks/bench_opts.py, medians of 21 interleaved launche
 and the spec heuristics' helpers; the Kernel is passed in."""
 from __future__ import annotations
 from typing import TYPE_CHECKING
-from kernopt.heuristics import input_bufs, strides, try_opt, vector_axis
+from kernopt.heuristics import hand_coded, input_bufs, strides, try_opt, vector_axis
 from kernopt.ops import ReduceOps
 from kernopt.opt import OptOps
 
@@ -21,7 +21,19 @@ def hand_coded_cuda(k: Kernel) -> bool:
   """Apply the CUDA profile's rules to k; False (k untouched) when none fits, so the spec's heuristics run."""
   if k.upcasted or k.local_dims or k.group_for_reduces or not k.bufs or k.opts.has_local is False: return False
   if k.reduceop is None: return _elementwise(k)
-  return _row_reduce(k)
+  return _row_reduce(k) or _wider_output_tile(k)
+
+def _wider_output_tile(k: Kernel) -> bool:
+  """The spec's register tile of a reduce with two local axes (a matmul: 4x4 outputs per thread in 8x16-thread
+  blocks), widened along the second local axis by 2 (4x8 outputs per thread: each loaded value feeds twice the
+  products), which both the 512^3 and 1024^3 matmul searches on the H200 added first."""
+  snap = k._snapshot()
+  hand_coded(k)
+  tile = k.first_reduce - 1
+  if k.local_dims == 2 and not k.group_for_reduces and k.upcasted >= 2 and isinstance(n := k.full_shape[tile], int) \
+     and n >= 8 and n % 2 == 0 and try_opt(k, OptOps.UPCAST, tile, 2): return True
+  k._restore(snap)
+  return False
 
 def _elementwise(k: Kernel) -> bool:
   """A float4 per thread along the contiguous output axis, in blocks of ELEMENTWISE_BLOCK threads (4 warps: a block
