@@ -1,8 +1,8 @@
 """Hand-coded optimizations for the CUDA device's profile (`CUDARenderer(heuristics="cuda_gpu")`, what
 `Device["CUDA"]` renders with), used by `Kernel.hand_coded_optimizations` before the spec's rules: thread blocks of
-whole warps and row reductions split across a block. A kernel no rule fits gets the spec's heuristics. Measured on
-an H200 (2026-11-30, benchmarks/bench_opts.py, medians of 21 interleaved launches; docs/cuda.md). Imports ops, opt
-and the spec heuristics' helpers; the Kernel is passed in."""
+whole warps, row reductions split across a block, and wider per-thread matmul tiles on big grids. A kernel no rule
+fits gets the spec's heuristics. Measured on an H200 (2026-11-30, benchmarks/bench_opts.py, medians of 21
+interleaved launches; docs/cuda.md). Imports ops, opt and the spec heuristics; the Kernel is passed in."""
 from __future__ import annotations
 from typing import TYPE_CHECKING
 from kernopt.heuristics import hand_coded, input_bufs, strides, try_opt, vector_axis
@@ -16,6 +16,7 @@ ELEMENTWISE_BLOCK = 128   # threads per block of an elementwise kernel (spec: 32
 ROW_GROUP = 128           # threads splitting one row's reduction: sum(axis=1) 4096^2 743 -> 2368 GB/s with ROW_UNROLL
 ROW_UNROLL = 4
 MANY_OUTPUTS = 2048       # the spec splits reductions of at most this many outputs itself (GROUPTOP 16)
+MIN_BLOCKS = 512          # thread blocks a matmul's grid needs before its per-thread tile is widened
 
 def hand_coded_cuda(k: Kernel) -> bool:
   """Apply the CUDA profile's rules to k; False (k untouched) when none fits, so the spec's heuristics run."""
@@ -26,12 +27,16 @@ def hand_coded_cuda(k: Kernel) -> bool:
 def _wider_output_tile(k: Kernel) -> bool:
   """The spec's register tile of a reduce with two local axes (a matmul: 4x4 outputs per thread in 8x16-thread
   blocks), widened along the second local axis by 2 (4x8 outputs per thread: each loaded value feeds twice the
-  products), which both the 512^3 and 1024^3 matmul searches on the H200 added first."""
+  products; both the 512^3 and 1024^3 matmul searches on the H200 added it), when the grid has at least MIN_BLOCKS
+  blocks: matmul 1024^3 (512 blocks) 6869 -> 11247 GFLOP/s, while 512^3 (128 blocks, fewer than the H200's 132 SMs)
+  went 3574 -> 3469 and keeps the spec's tile."""
   snap = k._snapshot()
   hand_coded(k)
-  tile = k.first_reduce - 1
-  if k.local_dims == 2 and not k.group_for_reduces and k.upcasted >= 2 and isinstance(n := k.full_shape[tile], int) \
-     and n >= 8 and n % 2 == 0 and try_opt(k, OptOps.UPCAST, tile, 2): return True
+  tile, blocks = k.first_reduce - 1, 1
+  for n in k.full_shape[:k.global_dims]: blocks *= n if isinstance(n, int) else 0
+  if k.local_dims == 2 and not k.group_for_reduces and k.upcasted >= 2 and blocks >= MIN_BLOCKS and \
+     isinstance(n := k.full_shape[tile], int) and n >= 8 and n % 2 == 0 and try_opt(k, OptOps.UPCAST, tile, 2):
+    return True
   k._restore(snap)
   return False
 

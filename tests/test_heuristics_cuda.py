@@ -3,7 +3,7 @@ profile keeps the spec's, and that the chosen kernels compute the right numbers,
 threads and shared memory; CI has no GPU, scripts/gpu_run.sh runs them on one)."""
 import numpy as np
 import pytest
-from catalogue import alu, buf, kernel, reduce, store
+from catalogue import _matmul_ast, alu, buf, kernel, reduce, store
 from kernopt.kernel import Kernel, Opt, OptOps
 from kernopt.ops import BinaryOps, ReduceOps
 from kernopt.renderers.cuda import CUDARenderer
@@ -31,12 +31,21 @@ def test_elementwise_blocks_are_four_warps():
   assert opts_of(add(1 << 20), STATIC) == [(OptOps.UPCAST, 0, 4), (OptOps.LOCAL, 0, 32)]
   assert opts_of(add(512), PROFILE) == opts_of(add(512), STATIC)   # fewer than two blocks' worth
 
+def test_big_matmul_grids_get_a_wider_tile():
+  spec = [(OptOps.UPCAST, 1, 4), (OptOps.UPCAST, 0, 4), (OptOps.UNROLL, 0, 4), (OptOps.LOCAL, 0, 8),
+          (OptOps.LOCAL, 1, 16)]
+  assert opts_of(_matmul_ast(1024, 1024, 1024), STATIC) == spec
+  assert opts_of(_matmul_ast(1024, 1024, 1024), PROFILE) == spec + [(OptOps.UPCAST, 3, 2)]   # 512 blocks
+  assert opts_of(_matmul_ast(512, 512, 512), PROFILE) == spec   # 128 blocks: the spec's tile
+
 def test_profile_is_part_of_the_capabilities():
   assert PROFILE.capabilities()["heuristics"] == "cuda_gpu" and STATIC.capabilities()["heuristics"] == "spec"
   with pytest.raises(UnsupportedError): CUDARenderer("sm_90", heuristics="fast")
 
 CASES = {"row_sum": (row_sum(4096, 512), lambda x: {1: x(4096 * 512)}, lambda xs: xs[1].reshape(4096, 512).sum(1)),
-         "add": (add(1 << 16), lambda x: {1: x(1 << 16), 2: x(1 << 16)}, lambda xs: xs[1] + xs[2])}
+         "add": (add(1 << 16), lambda x: {1: x(1 << 16), 2: x(1 << 16)}, lambda xs: xs[1] + xs[2]),
+         "matmul": (_matmul_ast(1024, 1024, 32), lambda x: {1: x(1024 * 32), 2: x(32 * 1024)},
+                    lambda xs: (xs[1].reshape(1024, 32) @ xs[2].reshape(32, 1024)).reshape(-1))}
 
 @pytest.mark.parametrize("name", CASES)
 def test_the_chosen_kernels_match_numpy_on_pocl(name):
