@@ -1,8 +1,9 @@
 """Hand-coded optimizations for the CUDA device's profile (`CUDARenderer(heuristics="cuda_gpu")`, what
 `Device["CUDA"]` renders with), used by `Kernel.hand_coded_optimizations` before the spec's rules: thread blocks of
-whole warps, row reductions split across a block, and wider per-thread matmul tiles on big grids. A kernel no rule
-fits gets the spec's heuristics. Measured on an H200 (2026-11-30, benchmarks/bench_opts.py, medians of 21
-interleaved launches; docs/cuda.md). Imports ops, opt and the spec heuristics; the Kernel is passed in."""
+whole warps, row reductions split across a block, wider per-thread matmul tiles, and reduces split across threads
+on small grids. A kernel no rule fits gets the spec's heuristics. Measured on an H200 (2026-11-30,
+benchmarks/bench_opts.py, medians of 21 interleaved launches; docs/cuda.md). Imports ops, opt and the spec
+heuristics; the Kernel is passed in."""
 from __future__ import annotations
 from typing import TYPE_CHECKING
 from kernopt.heuristics import hand_coded, input_bufs, strides, try_opt, vector_axis
@@ -16,27 +17,34 @@ ELEMENTWISE_BLOCK = 128   # threads per block of an elementwise kernel (spec: 32
 ROW_GROUP = 128           # threads splitting one row's reduction: sum(axis=1) 4096^2 743 -> 2368 GB/s with ROW_UNROLL
 ROW_UNROLL = 4
 MANY_OUTPUTS = 2048       # the spec splits reductions of at most this many outputs itself (GROUPTOP 16)
-MIN_BLOCKS = 512          # thread blocks a matmul's grid needs before its per-thread tile is widened
+MIN_BLOCKS = 512          # thread blocks below which a tiled reduce is also split across threads (H200: 132 SMs)
+SPLIT = 4                 # threads of a block sharing one reduce on a small grid
 
 def hand_coded_cuda(k: Kernel) -> bool:
   """Apply the CUDA profile's rules to k; False (k untouched) when none fits, so the spec's heuristics run."""
   if k.upcasted or k.local_dims or k.group_for_reduces or not k.bufs or k.opts.has_local is False: return False
   if k.reduceop is None: return _elementwise(k)
-  return _row_reduce(k) or _wider_output_tile(k)
+  return _row_reduce(k) or _tile_and_split(k)
 
-def _wider_output_tile(k: Kernel) -> bool:
-  """The spec's register tile of a reduce with two local axes (a matmul: 4x4 outputs per thread in 8x16-thread
-  blocks), widened along the second local axis by 2 (4x8 outputs per thread: each loaded value feeds twice the
-  products; both the 512^3 and 1024^3 matmul searches on the H200 added it), when the grid has at least MIN_BLOCKS
-  blocks: matmul 1024^3 (512 blocks) 6869 -> 11247 GFLOP/s, while 512^3 (128 blocks, fewer than the H200's 132 SMs)
-  went 3574 -> 3469 and keeps the spec's tile."""
+def _tile_and_split(k: Kernel) -> bool:
+  """After the spec's rules chose a 2-D register tile and two or three local axes (a matmul, a conv): a matmul's tile
+  widened along its second local axis by 2 (4x8 outputs per thread: each loaded value feeds twice the products),
+  and, on a grid of fewer than MIN_BLOCKS blocks, the reduce split across SPLIT threads of a block (GROUPTOP), so
+  the SMs get enough threads. Both are what the H200 searches added first. Interleaved there: matmul 1024^3 (512
+  blocks) 6869 -> 11247 GFLOP/s widened (splitting too: 11334); matmul 512^3 (128 blocks) 3735 -> 7921 widened and
+  split (3469 widened alone, 5699 split alone); conv2d 64->64 56^2 (98 blocks) 2458 -> 5605 split (4201 by 2)."""
   snap = k._snapshot()
   hand_coded(k)
-  tile, blocks = k.first_reduce - 1, 1
+  if k.group_for_reduces or k.local_dims not in (2, 3) or k.upcasted < 2 or k.first_reduce >= k.shape_len:
+    k._restore(snap)
+    return False
+  blocks = 1
   for n in k.full_shape[:k.global_dims]: blocks *= n if isinstance(n, int) else 0
-  if k.local_dims == 2 and not k.group_for_reduces and k.upcasted >= 2 and blocks >= MIN_BLOCKS and \
-     isinstance(n := k.full_shape[tile], int) and n >= 8 and n % 2 == 0 and try_opt(k, OptOps.UPCAST, tile, 2):
-    return True
+  tile = k.first_reduce - 1
+  widened = k.local_dims == 2 and isinstance(n := k.full_shape[tile], int) and n >= 8 and n % 2 == 0 and \
+    try_opt(k, OptOps.UPCAST, tile, 2)
+  split = blocks < MIN_BLOCKS and try_opt(k, OptOps.GROUPTOP, 0, SPLIT)
+  if widened or split: return True
   k._restore(snap)
   return False
 
