@@ -17,7 +17,8 @@ ELEMENTWISE_BLOCK = 128   # threads per block of an elementwise kernel (spec: 32
 ROW_GROUP = 128           # threads splitting one row's reduction: sum(axis=1) 4096^2 743 -> 2368 GB/s with ROW_UNROLL
 ROW_UNROLL = 4
 MANY_OUTPUTS = 2048       # the spec splits reductions of at most this many outputs itself (GROUPTOP 16)
-MIN_BLOCKS = 512          # thread blocks below which a tiled reduce is also split across threads (H200: 132 SMs)
+MIN_BLOCKS = 512          # thread blocks below which a tiled reduce is also split across threads, on the H200's
+MEASURED_SMS = 132        # 132 SMs; a device reporting its SM count scales it (the measure is blocks per SM)
 SPLIT = 4                 # threads of a block sharing one reduce on a small grid
 
 def hand_coded_cuda(k: Kernel) -> bool:
@@ -43,10 +44,15 @@ def _tile_and_split(k: Kernel) -> bool:
   tile = k.first_reduce - 1
   widened = k.local_dims == 2 and isinstance(n := k.full_shape[tile], int) and n >= 8 and n % 2 == 0 and \
     try_opt(k, OptOps.UPCAST, tile, 2)
-  split = blocks < MIN_BLOCKS and try_opt(k, OptOps.GROUPTOP, 0, SPLIT)
+  split = blocks < min_blocks(k) and try_opt(k, OptOps.GROUPTOP, 0, SPLIT)
   if widened or split: return True
   k._restore(snap)
   return False
+
+def min_blocks(k: Kernel) -> int:
+  """MIN_BLOCKS scaled to the renderer's `sm_count` (None: the measured GPU's)."""
+  sms = getattr(k.opts, "sm_count", None)
+  return MIN_BLOCKS if not sms else -(-MIN_BLOCKS * sms // MEASURED_SMS)
 
 def _elementwise(k: Kernel) -> bool:
   """A float4 per thread along the contiguous output axis, in blocks of ELEMENTWISE_BLOCK threads (4 warps: a block

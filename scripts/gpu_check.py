@@ -4,7 +4,8 @@
   PYTHONPATH=. python scripts/gpu_check.py --dry-run  # render and compile (nvcc or NVRTC) without a GPU
   PYTHONPATH=. python scripts/gpu_check.py --fuzz 8  # then 8 random legal Opt sequences per case (tests/fuzz.py)
 
-Each case runs with the standard protocol and the CUDA device's profile (heuristics_cuda); cases that take tensor cores also run with USE_TC=2 and TC_OPT 0..2.
+Each case runs with the standard protocol and the CUDA device's profile (heuristics_cuda); cases that take tensor
+cores also run with USE_TC=2 and TC_OPT 0..2.
 Prints a pass/fail table with codegen, compile and kernel times; exits 1 on any failure."""
 from __future__ import annotations
 import argparse

@@ -41,6 +41,16 @@ def test_matmul_tiles_widen_and_small_grids_split_the_reduce():
   conv = catalogue.get("conv2d").ast   # three local axes: no wider tile; a small grid: split
   assert opts_of(conv, PROFILE) == opts_of(conv, STATIC) + [(OptOps.GROUPTOP, 0, 4)]
 
+def test_the_grid_threshold_scales_with_the_multiprocessors():
+  """A 512^3 matmul's 128 blocks are a small grid for the 132 SMs the rules were measured on (and for an unknown
+  GPU), not for 28 SMs (threshold 109)."""
+  mm = _matmul_ast(512, 512, 512)
+  split = (OptOps.GROUPTOP, 0, 4)
+  assert split in opts_of(mm, PROFILE)
+  assert split in opts_of(mm, CUDARenderer("sm_90", heuristics="cuda_gpu", sm_count=132))
+  assert split not in opts_of(mm, CUDARenderer("sm_86", heuristics="cuda_gpu", sm_count=28))
+  with pytest.raises(UnsupportedError): CUDARenderer("sm_90", sm_count=0)
+
 def test_profile_is_part_of_the_capabilities():
   assert PROFILE.capabilities()["heuristics"] == "cuda_gpu" and STATIC.capabilities()["heuristics"] == "spec"
   with pytest.raises(UnsupportedError): CUDARenderer("sm_90", heuristics="fast")
@@ -91,7 +101,8 @@ def test_catalogue_kernels_the_profile_changes_match_numpy_on_pocl(name):
   ok, why = OpenCLDevice.availability()
   if not ok: pytest.skip(f"no OpenCL platform: {why}")
   case, dev = catalogue.get(name), Device["OPENCL"]
-  k = Kernel(case.ast, opts=OpenCLRenderer(local_max=dev.renderer.local_max, max_local_size=dev.renderer.max_local_size))
+  r = dev.renderer
+  k = Kernel(case.ast, opts=OpenCLRenderer(local_max=r.local_max, max_local_size=r.max_local_size))
   for o in opts_of(case.ast, PROFILE): k.apply_opt(Opt(*o))
   prg = k.to_program()
   inputs = case.inputs(np.random.default_rng(3))

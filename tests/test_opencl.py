@@ -179,7 +179,7 @@ def test_float4_load_store_gep_vectorize(dev, profile):
   np.testing.assert_array_equal(ob.numpy(), an * 2 + np.tile(np.arange(4, dtype=np.float32), 16))
   np.testing.assert_array_equal(lb.numpy(), an[2::4])
 
-@pytest.mark.skipif(not Device["OPENCL"].renderer.clang, reason="the OpenCL device is not PoCL: vloadN/vstoreN are used")
+@pytest.mark.skipif(not Device["OPENCL"].renderer.clang, reason="not PoCL: vloadN/vstoreN are used")
 def test_vector_accesses_to_local_memory_use_the_local_space(dev):
   """Each of 16 work-items copies a float4 into __local, and after a barrier writes its neighbour's float4 out:
   the element-aligned vector casts name the buffer's own address space."""

@@ -4,7 +4,7 @@ threadIdx for SPECIALs, `__shared__` arrays, `__syncthreads()`. half (<cuda_fp16
 results equal ops.exec_alu's. Vectors are CUDA's builtin float4-style types or small aligned structs; tensor cores
 are `mma.sync.m16n8k16` in inline PTX. Needs no CUDA header beyond those two (NVRTC-friendly)."""
 from __future__ import annotations
-from typing import Any
+from typing import Any, Optional
 from kernopt.dtype import DType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.renderers import TensorCore
@@ -44,17 +44,19 @@ class CUDARenderer(CStyleLanguage):
   type_map = {**CStyleLanguage.type_map, dtypes.int8: "signed char", dtypes.int64: "long long",
               dtypes.uint64: "unsigned long long", dtypes.bfloat16: "__nv_bfloat16"}
 
-  def __init__(self, arch: str = "sm_80", heuristics: str = "spec"):
+  def __init__(self, arch: str = "sm_80", heuristics: str = "spec", sm_count: Optional[int] = None):
     """`heuristics` "cuda_gpu" (what the CUDA device renders with) tries kernopt/heuristics_cuda.py's rules before
-    the spec's; "spec" (the default: DESIGN.md's static profile) uses the spec's alone."""
+    the spec's; "spec" (the default: DESIGN.md's static profile) uses the spec's alone. `sm_count` (the device's
+    multiprocessors) scales the profile's grid-size threshold."""
     if not arch.startswith("sm_") or not arch[3:].isdigit():
       raise UnsupportedError(f"CUDA arch must look like 'sm_80', got {arch!r}")
     if heuristics not in ("spec", "cuda_gpu"): raise UnsupportedError(f"CUDA has no heuristics {heuristics!r}")
-    self.arch, self.heuristics = arch, heuristics
+    if sm_count is not None and sm_count < 1: raise UnsupportedError(f"CUDA sm_count must be positive, got {sm_count}")
+    self.arch, self.heuristics, self.sm_count = arch, heuristics, sm_count
     self.tensor_cores = CUDA_TENSOR_CORES if int(arch[3:]) >= 80 else ()
 
   def capabilities(self) -> dict:
-    return {**super().capabilities(), "arch": self.arch, "heuristics": self.heuristics}
+    return {**super().capabilities(), "arch": self.arch, "heuristics": self.heuristics, "sm_count": self.sm_count}
 
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
     bounds = self.workgroup_threads()

@@ -169,6 +169,8 @@ class CUDADevice(Compiled):
     major = _ok(self.drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.dev), "arch")
     minor = _ok(self.drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.dev), "arch")
     self.arch, self.prefer_nvrtc = f"sm_{major}{minor}", prefer_nvrtc
+    sms = self.drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.dev)
+    self.sm_count = int(_ok(sms, "multiprocessor count"))
     super().__init__()
 
   @classmethod
@@ -183,7 +185,8 @@ class CUDADevice(Compiled):
     if _import_nvrtc() is None and find_nvcc() is None: return False, "no CUDA compiler: neither NVRTC nor nvcc"
     return True, ""
 
-  def _make_renderer(self) -> Renderer: return CUDARenderer(arch=self.arch, heuristics="cuda_gpu")
+  def _make_renderer(self) -> Renderer:
+    return CUDARenderer(arch=self.arch, heuristics="cuda_gpu", sm_count=self.sm_count)
   def compiler_id(self) -> str: return compiler_id(self.arch, self.prefer_nvrtc)
   def synchronize(self) -> None:
     self._bind()
