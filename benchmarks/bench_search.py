@@ -3,7 +3,9 @@
 both timed again here interleaved (median of repeats), the search's wall time, and the candidates it compiled and timed.
 Each search has its own time budget and a fresh compile cache, and its result is checked against numpy.
 Usage: python3 benchmarks/bench_search.py [--workloads W2,W6] [--workers 2] [--repeats 15] [--scale 1.0]
-  [--device CPU|OPENCL] [--budget SECONDS]"""
+  [--device CPU|OPENCL] [--budget SECONDS]
+  python3 benchmarks/bench_search.py --import-only [--import-entries 200000]: only the tuning cache's export and
+  import of that many synthetic entries (seconds; quick)."""
 from __future__ import annotations
 import argparse
 import os
@@ -44,8 +46,29 @@ def run_workload(w: Workload, dev, workers: int, repeats: int, budget: float) ->
   t_hand, t_found = (statistics.median(t) for t in times)
   return {"w": w, "hand": t_hand, "found": t_found, "wall": wall, "res": res}
 
+def bench_import(n: int) -> None:
+  """Seconds to import (one transaction) and export n synthetic tuning entries into a fresh cache."""
+  import hashlib
+  import json
+  entry = {"opts": [["UPCAST", 0, 4], ["LOCAL", 1, 16]], "validated": True, "time_s": 1e-5, "baseline_s": 2e-5,
+           "searched_at": 0.0, "complete": True, "budget_s": None, "imported": False, "device": "CPU",
+           "kernel": "r_64_16_4", "compiled": 40, "timed": 30}
+  entries = {"tune-" + hashlib.sha256(str(i).encode()).hexdigest(): {**entry, "time_s": i * 1e-9} for i in range(n)}
+  with tempfile.TemporaryDirectory(prefix="kernopt-bench-import-") as d, config_override(CACHE_DIR=d):
+    path = os.path.join(d, "tuning.json")
+    with open(path, "w") as f: json.dump({"format": search.EXPORT_FORMAT, "version": search.EXPORT_VERSION,
+                                          "entries": entries}, f)
+    t0 = time.perf_counter()
+    taken = search.import_cache(path)
+    t1 = time.perf_counter()
+    exported = search.export_cache(os.path.join(d, "again.json"))
+    t2 = time.perf_counter()
+  print(f"tuning cache: import of {taken} entries {t1 - t0:.2f} s, export of {exported} entries {t2 - t1:.2f} s")
+
 def main() -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--import-only", action="store_true", help="only time the tuning cache's import and export")
+  ap.add_argument("--import-entries", type=int, default=200_000, help="entries for the import benchmark")
   ap.add_argument("--workloads", default="W2,W6,W4,W5")
   ap.add_argument("--workers", type=int, default=2)
   ap.add_argument("--repeats", type=int, default=15)
@@ -53,6 +76,7 @@ def main() -> None:
   ap.add_argument("--device", default="CPU", help="CPU (one thread) or OPENCL")
   ap.add_argument("--budget", type=float, default=None, help="one time budget (s) for every workload")
   args = ap.parse_args()
+  if args.import_only: return bench_import(args.import_entries)
   dev = Device.open("CPU", threads=1) if args.device.upper() == "CPU" else Device.open(args.device)
   if args.budget is not None: BUDGETS.update({k: args.budget for k in BUDGETS})
   src, dst = np.ones(16 << 20, np.float32), np.empty(16 << 20, np.float32)
@@ -78,6 +102,7 @@ def main() -> None:
     print(f"{w.name:3} {w.desc:34} {figure(w, r['hand']):>16} {figure(w, r['found']):>16} "
           f"{r['hand'] / r['found']:6.2f}x {BUDGETS.get(w.name, 10.0) * args.scale:5.0f}s {r['wall']:5.1f}s "
           f"{res.stats.compiled:8d} {res.stats.timed:5d}  {opts}")
+  bench_import(args.import_entries)
 
 if __name__ == "__main__":
   main()

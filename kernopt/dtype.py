@@ -16,6 +16,7 @@ class DType:
   count: int = 1
 
   def __repr__(self) -> str:
+    if self.count > 1 and _by_name.get(self._scalar_name) is None: return f"DType({self.name!r}, count={self.count})"
     scalar = _field_names.get(self.scalar(), self.name) if self.count > 1 else _field_names.get(self, self.name)
     return f"dtypes.{scalar}" if self.count == 1 else f"dtypes.{scalar}.vec({self.count})"
   @property
@@ -154,3 +155,21 @@ def least_upper_dtype(*ds: DType) -> DType:
 
 def least_upper_float(dt: DType) -> DType:
   return dt if dtypes.is_float(dt) else least_upper_dtype(dt, dtypes.float32)
+
+_scalars = frozenset(_fields.values())
+
+def storage_dtype_error(dt: object) -> Optional[str]:
+  """None when dt can be a buffer's or constant's dtype (one of dtypes' scalars or a vector of one, or an image of a
+  float scalar); else why not."""
+  if type(dt) is DType:
+    try:
+      if dt in _scalars: return None
+    except TypeError: return "a DType with unhashable fields is not one of kernopt's dtypes"
+    if type(dt.count) is int and 1 < dt.count <= 256 and (sc := _by_name.get(dt._scalar_name)) in _scalars and \
+       dt == sc.vec(dt.count): return None
+    return f"DType(name={dt.name!r}, count={dt.count!r}) is not one of kernopt's dtypes (nor a vector of one)"
+  if isinstance(dt, ImageDType):
+    ok = dt.base in _floats and type(dt.shape) is tuple and len(dt.shape) == 3 and dt.shape[2] == 4 and \
+      all(type(s) is int and s > 0 for s in dt.shape)
+    return None if ok else f"image dtype {dt.name!r} {dt.shape!r} is not (height, width, 4) float texels"
+  return f"{type(dt).__name__} {dt!r} is not a DType (e.g. dtypes.float)"

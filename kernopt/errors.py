@@ -24,3 +24,7 @@ class CompileError(KernoptError):
 
 class LaunchError(KernoptError):
   """A launch was refused before anything ran: missing, too small or wrong-dtype buffers, missing variables."""
+
+class TuningCacheError(KernoptError, ValueError):
+  """A file given to the tuning cache's import is not a tuning cache (not JSON, another format, nested too deep), or
+  an export could not be written."""

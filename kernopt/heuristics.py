@@ -40,7 +40,7 @@ def _matvec(k: Kernel) -> bool:
   bs, tpr, rpt = cfg.MV_BLOCKSIZE, cfg.MV_THREADS_PER_ROW, cfg.MV_ROWS_PER_THREAD
   r = k.reduceop
   if not (k.opts.has_local and k.opts.has_shared and cfg.MV != 0 and (bs > 1 or tpr > 1 or rpt > 1) and
-          r is not None and r.op is ReduceOps.SUM and k.shape_len >= 2): return False
+          r is not None and r.op is ReduceOps.SUM and k.shape_len >= 2 and len(k.reduceops) == 1): return False
   mul = r.src[0]
   if not (mul.op is BinaryOps.MUL and all(s.op is BufferOps.LOAD for s in mul.src[:2]) and len(mul.src) == 2):
     return False

@@ -12,10 +12,10 @@ from kernopt import heuristics, heuristics_cpu, heuristics_cuda, heuristics_open
 from kernopt.dtype import ImageDType, dtypes
 from kernopt.errors import KernelOptError, ShapeError, UnsupportedError, VerifyError
 from kernopt.opt import Opt, OptOps, TensorCoreOptions
-from kernopt.helpers import all_int, all_same, ansilen, ansistrip, colored, dedup, get_contraction, getconfig, prod, \
-                            round_up, to_function_name
+from kernopt.helpers import all_int, all_same, ansilen, ansistrip, colored, count, dedup, get_contraction, getconfig, \
+                            prod, round_up, to_function_name
 from kernopt.ops import BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps
-from kernopt.renderers import BufferArg, Program, Renderer, TensorCore, get_renderer
+from kernopt.renderers import BufferArg, Program, Renderer, TensorCore, VarArg, get_renderer, var_dtype
 from kernopt.shape.shapetracker import ShapeTracker
 from kernopt.shape.symbolic import Node, sint
 
@@ -119,6 +119,16 @@ def _fix_tc_st(layout: _TCLayout, perm: tuple, wd: int, tcd: int, st: ShapeTrack
            *range(tcd + len(layout.tcd_expand), len(expanded))]
   return st.reshape(expanded).simplify().permute(tuple(order)).reshape(st.shape).simplify()
 
+def default_renderer() -> Renderer:
+  """What `Kernel(ast)` targets without `opts`: with DEVICE unset or CPU, the native CPU profile of this host (its
+  vector width, FMA and cores; no device is opened, no numpy imported); with another DEVICE, that dialect's static
+  profile. The spec's static C dialect stays `get_renderer("CPU")`."""
+  device = (getconfig().DEVICE or "CPU").upper()
+  if device == "CPU":
+    from kernopt.renderers.native import NativeCRenderer
+    return NativeCRenderer()
+  return get_renderer(device)
+
 class Kernel:
   """The loop nest of one KERNEL AST. Every buffer (and each reduce's input and output) has a ShapeTracker of the
   same rank; Opts split, move and pad axes of all of them together. The state is a few immutable fields, so
@@ -131,26 +141,25 @@ class Kernel:
     if len(ast) == 1 and ast[0].op is MetaOps.KERNEL: self.ast: LazyOp = ast[0]
     elif all(x.op is BufferOps.STORE for x in ast): self.ast = LazyOp(MetaOps.KERNEL, tuple(ast))
     else: raise VerifyError(f"Kernel takes one KERNEL op or only STOREs, got {[x.op for x in ast]}")
-    self.opts: Renderer = opts if opts is not None else get_renderer(getconfig().DEVICE or "CPU")
+    if opts is not None and not isinstance(opts, Renderer):
+      hint = f"{type(opts).__name__}.renderer" if isinstance(getattr(opts, "renderer", None), Renderer) else \
+        f"get_renderer({opts!r})" if isinstance(opts, str) else "Device[name].renderer or get_renderer(name)"
+      raise UnsupportedError(f"Kernel opts must be a Renderer (e.g. {hint}), got {type(opts).__name__}")
+    self.opts: Renderer = opts if opts is not None else default_renderer()
     if (verify := getattr(ops, "verify_lazyop", None)) is not None:
       try: verify(self.ast)
       except AssertionError as e: raise VerifyError(f"invalid AST: {e}") from e
     op_sts = _derive_sts(self.ast)
 
     order = _preorder(self.ast)
+    # children first: a nested reduce comes before the reduce that consumes it
     self.reduceops: list[LazyOp] = [x for x in self.ast.lazyops if x.op in ReduceOps]
-    in_shapes = {op_sts[r.src[0]].shape for r in self.reduceops}
-    if len(in_shapes) > 1 or len({op_sts[r].shape for r in self.reduceops}) > 1 or \
-       any(not _reduce_free(r.src[0]) for r in self.reduceops):
-      raise UnsupportedError(f"reduces over different shapes or nested reduces: {[r.arg for r in self.reduceops]}")
     self.vars: list[Any] = self.ast.vars()
     self.bufs: list[Union[MemBuffer, ConstBuffer]] = dedup([x.arg for x in order if x.op in BufferOps])
     self._buf_index = {b: i for i, b in enumerate(self.bufs)}
-    early = [x.arg for x in _preorder(self.reduceops[0]) if x.op in BufferOps] if self.reduceops else []
-    self.full_buf_index: int = self._buf_index[early[0]] if early else 0
-
     self.sts: tuple[ShapeTracker, ...] = tuple(b.st for b in self.bufs) + \
       tuple(st for r in self.reduceops for st in (op_sts[r], op_sts[r.src[0]]))
+    self.full_buf_index: int = self._full_index()
     self.applied_opts: tuple[Opt, ...] = ()
     self.group_for_reduces: int = 0
     self.upcasted: int = 0
@@ -166,6 +175,17 @@ class Kernel:
     self.reshape_and_permute(None, kept + [i for i in range(self.shape_len) if i not in kept])
     self.simplify_ones()
     self.simplify_merge_adjacent()
+
+  def _full_index(self) -> int:
+    """The tracker of the full shape (each axis's size where some tracker's isn't 1): the first buffer under the first
+    reduce, as in the spec, when it has it; else the first tracker that does (several reduces over different axes);
+    else a contiguous tracker of the full shape, appended to sts so that every Opt moves it too."""
+    full = tuple(next((st.shape[i] for st in self.sts if st.shape[i] != 1), 1) for i in range(len(self.sts[0].shape)))
+    early = [x.arg for x in _preorder(self.reduceops[0]) if x.op in BufferOps] if self.reduceops else []
+    first = self._buf_index[early[0]] if early else 0
+    if (i := next((i for i in (first, *range(len(self.sts))) if self.sts[i].shape == full), None)) is not None: return i
+    self.sts += (ShapeTracker.from_shape(full),)
+    return len(self.sts) - 1
 
   # ***** state *****
 
@@ -238,7 +258,12 @@ class Kernel:
   @property
   def name(self) -> str:
     """'r' (reduce), 'C' (copy: only buffer ops) or 'E' (elementwise), the number of outputs when more than one,
-    then the coloured axis sizes. The same AST and Opts always give the same name."""
+    then the axis sizes, plain text. The same AST and Opts always give the same name."""
+    return ansistrip(self.display_name)
+
+  @property
+  def display_name(self) -> str:
+    """`name` with each axis size coloured by its kind (for a terminal)."""
     kind = "r" if self.reduceop else ("C" if all(x.op in BufferOps for x in self.ast.lazyops[:-1]) else "E")
     outs = f"{len(self.ast.src)}_" if len(self.ast.src) > 1 else "_"
     return kind + outs + colored("_", "BLACK").join(colored(_fmt(s), c) for s, c in zip(self.full_shape, self.colors()))
@@ -380,6 +405,7 @@ class Kernel:
       need(_is_int(opt.axis) and opt.axis >= 0, "axis must be a non-negative int")
     axis = opt.real_axis(self)
     need(axis < self.shape_len, f"axis {axis} out of range")
+    need(opt.amt is None or self.full_shape[axis] != 0, f"axis {axis} has size 0: there is nothing to split")
     amt = -1
     if opt.amt is not None:
       need(_is_int(opt.amt) and opt.amt >= 0, "amount must be a non-negative int")
@@ -534,6 +560,8 @@ class Kernel:
     r = self.reduceop
     need(use_tc and self.opts.has_local and r is not None and r.op is ReduceOps.SUM,
          "needs USE_TC, a SUM reduce and a dialect with locals")
+    need(all(_reduce_free(red.src[0]) for red in self.reduceops), "a reduce is nested in another")
+    need(0 not in self.full_shape, "an axis has size 0")
     for tc in self.opts.tensor_cores:
       matches = [self._tc_match(red, tc, opt.axis, opt.amt) for red in self.reduceops]
       if matches[0] is None or not all_same([m[0] if m else None for m in matches]): continue
@@ -629,6 +657,7 @@ class Kernel:
     ("cpu_native", "opencl_cpu", "cuda_gpu"), that profile's rules (heuristics_cpu, heuristics_opencl,
     heuristics_cuda), falling back to the spec's when none fits. Never applies tensor cores."""
     self.required_optimizations()
+    if any(s == 0 for s in self.full_shape): return self  # an empty output or reduce: nothing worth optimizing
     if getattr(self.opts, "heuristics", "spec") == "cpu_native" and heuristics_cpu.hand_coded_cpu(self): return self
     if getattr(self.opts, "heuristics", "spec") == "opencl_cpu" and heuristics_opencl.hand_coded_opencl(self):
       return self
@@ -718,6 +747,7 @@ class Kernel:
       ops.print_tree(modified)
     sink = lower(modified, self.opts)
     self.uops: list[Any] = linearize_uops(sink, self.opts)
+    count("lowerings")
     self.global_size: Optional[list[sint]] = None
     self.local_size: Optional[list[sint]] = None
     if self.opts.has_local:
@@ -746,17 +776,20 @@ class Kernel:
   def to_program(self) -> Program:
     """Linearize and render: a renderers.Program carrying the argument signature a runner checks."""
     from kernopt.helpers import diskcache_put
-    from kernopt.uops import flops_mem
+    from kernopt.uops import UOps, flops_mem
     self.linearize()
     fname = to_function_name(self.name)
     src = self.opts.render(fname, self.uops)
+    count("renders")
     cfg = getconfig()
     if cfg.DEBUG >= 4: print(src)
     if cfg.RUN_PROCESS_REPLAY:
       digest = getattr(ops, "ast_digest", None)
       key = digest(self.ast) if digest is not None else repr(self.ast)
       knobs = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
-      diskcache_put("process_replay", key, (self.ast, type(self.opts).__name__, self.applied_opts, fname, src, knobs))
+      opts = [[o.op.name, o.axis, o.amt] for o in self.applied_opts]
+      entry = (ops.ast_to_json(self.ast), type(self.opts).__name__, opts, fname, src, knobs)
+      diskcache_put("process_replay", key, entry)
     flops, mem = flops_mem(self.uops)
     stored = {x.arg.idx for x in self.ast.src if x.op is BufferOps.STORE}
     uses: dict[int, list[MemBuffer]] = {}
@@ -765,8 +798,13 @@ class Kernel:
     def min_size(bs: list[MemBuffer]) -> Any:
       sizes = dedup(b.st.real_size() for b in bs)
       return max(sizes) if all_int(sizes) else sizes[-1]
-    args = tuple(BufferArg(i, uses[i][0].dtype, min_size(uses[i]), i in stored) for i in sorted(uses))
+    # the signature is what was rendered: a buffer whose loads all folded away is no parameter of the source
+    rendered = {u.arg[0] for u in self.uops if u.op is UOps.DEFINE_GLOBAL}
+    var_dts = {u.arg.expr: u.dtype for u in self.uops if u.op is UOps.DEFINE_VAR}
+    args = tuple(BufferArg(i, uses[i][0].dtype, min_size(uses[i]) if i in rendered else 0, i in stored, i in rendered)
+                 for i in sorted(uses))
+    var_args = tuple(VarArg(v.expr, var_dts.get(v.expr, var_dtype(v))) for v in self.vars)
     gs = tuple(self.global_size) if self.global_size is not None else None
     ls = tuple(self.local_size) if self.local_size is not None else None
     return Program(fname, src, self.opts.device, gs, ls, uops=tuple(self.uops), op_estimate=flops, mem_estimate=mem,
-                   args=args, vars=tuple(self.vars), extra={"display_name": self.name})
+                   args=args, vars=tuple(self.vars), extra={"display_name": self.display_name}, var_args=var_args)

@@ -9,6 +9,7 @@ from kernopt.errors import UnsupportedError, VerifyError
 from kernopt.helpers import all_int, dedup, prod
 from kernopt.ops import (BinaryOps, BufferOps, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps,
                          WMMAArg)
+from kernopt.renderers import var_dtype
 from kernopt.shape.shapetracker import ShapeTracker
 from kernopt.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable
 from kernopt.uops import UOp, UOps
@@ -17,7 +18,8 @@ from kernopt.uops import UOp, UOps
 # of a workgroup) | group (workgroup threads that a reduce splits across, combined through local memory) | reduce
 # loops | upcasted (expanded into lanes: one UOp per combination of their indices).
 
-I32 = dtypes.int32
+I32, I64 = dtypes.int32, dtypes.int64
+INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 MAX_ACCS = 32   # independent accumulators of one reduce, at most (CPU registers)
 
 _CONSTS: dict[int, UOp] = {}
@@ -26,16 +28,27 @@ def _const(v: int) -> UOp:
     if len(_CONSTS) > 4096: _CONSTS.clear()
     u = _CONSTS[v] = UOp.const(I32, v)
   return u
+_CONSTS64: dict[int, UOp] = {}
+def _const64(v: int) -> UOp:
+  if (u := _CONSTS64.get(v)) is None:
+    if len(_CONSTS64) > 4096: _CONSTS64.clear()
+    u = _CONSTS64[v] = UOp.const(I64, v)
+  return u
+
+class _Wide(Exception):
+  """An index, a loop bound or a Variable that int32 can't hold: the kernel is lowered again with int64 indices."""
 # enum members as module constants: an attribute of an Enum class costs ~0.15 us on Python 3.11
 _ALU, _CONST, _LOAD, _STORE = UOps.ALU, UOps.CONST, UOps.LOAD, UOps.STORE
 _ADD, _WHERE = BinaryOps.ADD, TernaryOps.WHERE
 def _alu(op: Any, dt: Optional[DType], *src: UOp) -> UOp: return UOp(_ALU, dt, src, op)
 
-def _operand(b: Any, ops: Any, ctx: Any) -> UOp: return _const(b) if isinstance(b, int) else b.render(ops, ctx)
+def _operand(b: Any, ops: Any, ctx: Any) -> UOp: return ctx.const(b) if isinstance(b, int) else b.render(ops, ctx)
 
 def _cached(fn: Any) -> Any:
   def wrapper(n: Node, ops: Any, ctx: _Lowerer) -> UOp:
-    if (u := ctx.render_cache.get(n)) is None: u = ctx.render_cache[n] = fn(n, ops, ctx)
+    if (u := ctx.render_cache.get(n)) is None:
+      if ctx.idx_dt is I32: ctx.check(n)
+      u = ctx.render_cache[n] = fn(n, ops, ctx)
     return u
   return wrapper
 
@@ -43,17 +56,19 @@ def _value_dtype(dt: Any) -> Any:
   """The dtype of a value computed from dt's loads: an image's elements are read as float."""
   return dtypes.float if isinstance(dt, ImageDType) else dt
 
-def _as_bool(u: UOp) -> UOp: return u if u.dtype == dtypes.bool else _alu(BinaryOps.CMPNE, dtypes.bool, u, _const(0))
+def _as_bool(u: UOp) -> UOp:
+  if u.dtype == dtypes.bool or u.dtype is None: return u
+  return _alu(BinaryOps.CMPNE, dtypes.bool, u, _const(0) if u.dtype is I32 else UOp.const(u.dtype, 0))
 
 RENDER_OPS: dict[type, Any] = {
   Variable: _cached(lambda n, ops, ctx: ctx.var_uop(n)),
-  NumNode: lambda n, ops, ctx: _const(n.b),
-  MulNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.MUL, I32, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
-  DivNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.IDIV, I32, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
-  ModNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.MOD, I32, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
+  NumNode: lambda n, ops, ctx: ctx.const(n.b),
+  MulNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.MUL, ctx.idx_dt, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
+  DivNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.IDIV, ctx.idx_dt, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
+  ModNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.MOD, ctx.idx_dt, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
   LtNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.CMPLT, dtypes.bool, n.a.render(ops, ctx),
                                            _operand(n.b, ops, ctx))),
-  SumNode: _cached(lambda n, ops, ctx: functools.reduce(lambda a, b: _alu(BinaryOps.ADD, I32, a, b),
+  SumNode: _cached(lambda n, ops, ctx: functools.reduce(lambda a, b: _alu(BinaryOps.ADD, ctx.idx_dt, a, b),
                                                         [x.render(ops, ctx) for x in n.nodes])),
   AndNode: _cached(lambda n, ops, ctx: functools.reduce(lambda a, b: _alu(BinaryOps.AND, dtypes.bool, a, b),
                                                         [_as_bool(x.render(ops, ctx)) for x in n.nodes])),
@@ -99,7 +114,9 @@ def _divisible(n: Node, w: int) -> bool:
   return False
 
 class _Lowerer:
-  def __init__(self, ast: LazyOp, opts: Any):
+  def __init__(self, ast: LazyOp, opts: Any, idx_dt: DType = I32):
+    # index arithmetic in int32 unless some index, loop bound or Variable is not proved to fit (then _Wide)
+    self.idx_dt = idx_dt
     if ast.op is not MetaOps.KERNEL or not ast.src or any(s.op is not BufferOps.STORE for s in ast.src):
       raise VerifyError(f"lower needs a KERNEL op over STOREs, got {ast.op}")
     self.opts = opts
@@ -125,10 +142,17 @@ class _Lowerer:
     gd = fr - self.info.local_dims
     if gd < 0: raise VerifyError(f"{self.info.local_dims} local dims but first_reduce is {fr}")
     self.var_uops: dict[str, UOp] = {}
+    self.define_vars: dict[str, UOp] = {}
+    # the lowerer's own index variables start with one more "_" than any of the AST's: they can't share its names
+    self.ip = "_" * (1 + max((len(v.expr) - len(v.expr.lstrip("_")) for v in ast.vars()), default=0))
     self.up_vars: dict[Variable, int] = {}
     self.render_cache: dict[Node, UOp] = {}
     self.idxs: list[Node] = [NumNode(0)] * n
     self.range_of: dict[int, UOp] = {}
+    if any(s == 0 for s in out_shape):  # an empty output: no loop, no thread, no store
+      for v in ast.vars(): self.var_uop(v)
+      self.sink = UOp(UOps.SINK, None, tuple(self.define_vars[v.expr] for v in ast.vars()))
+      return
     use_locals = opts.has_local and not self.info.dont_use_locals
     if opts.has_local:
       gend = gd if use_locals else fr + len(group)
@@ -142,22 +166,26 @@ class _Lowerer:
       for a in range(fr): self.idxs[a] = self._loop(a, False)
     for a in range(fr + len(group), fu): self.idxs[a] = self._loop(a, True)
     self.ridxs = list(self.idxs)
-    for a in group: self.ridxs[a] = self._loop(a, True, "_g")
+    for a in group: self.ridxs[a] = self._loop(a, True, "g")
     # upcasted axes: one lane per combination of their indices
     up_sizes = self.full_shape[fu:]
     if not all_int(up_sizes): raise UnsupportedError(f"cannot upcast symbolic sizes {up_sizes}")
-    self.up_vars = {Variable(f"_up{a}", 0, s - 1): a - fu for a, s in enumerate(up_sizes, start=fu)}
+    self.up_vars = {Variable(f"{self.ip}up{a}", 0, s - 1): a - fu for a, s in enumerate(up_sizes, start=fu)}
     for v, j in self.up_vars.items(): self.idxs[fu + j] = self.ridxs[fu + j] = v
     self.lanes: list[tuple[int, ...]] = list(itertools.product(*[range(s) for s in up_sizes]))
     self.lane_of = {ln: i for i, ln in enumerate(self.lanes)}
     self.up_sizes: tuple[int, ...] = up_sizes
     self.writable = {x.arg.idx for x in ast.src if x.arg.idx >= 0}
     self.memo: dict[LazyOp, list[UOp]] = {}
+    self.paths = _reduce_paths(ast)
+    self.range_owner: dict[int, tuple] = {}
+    self.own_ranges: dict[tuple[int, tuple], UOp] = {}
     self.acc_n = 0
     self.local_n = 0
     stores = [u for s in ast.src for u in self.lower(s)]
     # every variable of the AST is a kernel parameter, even one only the launch size uses
-    params = [self.var_uop(v) for v in ast.vars()]
+    for v in ast.vars(): self.var_uop(v)
+    params = [self.define_vars[v.expr] for v in ast.vars()]
     self.sink = UOp(UOps.SINK, None, tuple(dedup(stores + params)))
 
   # ***** index variables *****
@@ -166,26 +194,42 @@ class _Lowerer:
     if (u := self.var_uops.get(v.expr)) is not None: return u
     if v in self.up_vars: raise AssertionError(f"upcast variable {v.expr} left in an index")
     unbound = Variable(v.expr, v.min, v.max)
-    return self.var_uops.setdefault(v.expr, UOp(UOps.DEFINE_VAR, I32, (), unbound))
+    # the parameter is as wide as the Variable's range (the signature's VarArg); its uses as wide as the indices
+    dv = self.define_vars[v.expr] = UOp(UOps.DEFINE_VAR, var_dtype(v), (), unbound)
+    return self.var_uops.setdefault(v.expr, dv if dv.dtype is self.idx_dt else UOp(UOps.CAST, self.idx_dt, (dv,)))
 
-  def render(self, n: Any) -> UOp: return _const(n) if isinstance(n, int) else n.render(RENDER_OPS, self)
+  def render(self, n: Any) -> UOp: return self.const(n) if isinstance(n, int) else n.render(RENDER_OPS, self)
+
+  def const(self, v: int) -> UOp:
+    if self.idx_dt is I64: return _const64(v)
+    if not INT32_MIN <= v <= INT32_MAX: raise _Wide
+    return _const(v)
+
+  def check(self, n: Node) -> None:
+    """Raise _Wide unless n, and every partial sum of a SumNode, fits int32."""
+    if n.min < INT32_MIN or n.max > INT32_MAX: raise _Wide
+    if isinstance(n, SumNode) and (sum(min(0, x.min) for x in n.nodes) < INT32_MIN or
+                                   sum(max(0, x.max) for x in n.nodes) > INT32_MAX): raise _Wide
 
   def _grid(self, prefix: str, axes: range, maxes: Optional[Sequence[int]], first_fastest: bool = False) -> None:
     sizes = [self.full_shape[a] for a in axes]
     for d, g in enumerate(fold_dims(sizes, maxes)):
       size = prod(sizes[i] for i in g)
-      var = Variable(f"{prefix}{d}", 0, _upper(size) - 1)
-      self.var_uops[var.expr] = UOp(UOps.SPECIAL, I32, (), (d, var.expr, size))
+      var = Variable(f"{self.ip}{prefix}{d}", 0, _upper(size) - 1)
+      if var.max > INT32_MAX: raise UnsupportedError(f"launch dimension {d} of size {size} exceeds int32 thread ids")
+      special = UOp(UOps.SPECIAL, I32, (), (d, f"{prefix}{d}", size))
+      self.var_uops[var.expr] = special if self.idx_dt is I32 else UOp(UOps.CAST, self.idx_dt, (special,))
       # the flat index of the group, split back into its axes (last axis fastest, or first with first_fastest)
       rest: Node = var
       for k, i in enumerate(g if first_fastest else reversed(g)):
         self.idxs[axes[i]] = rest if k == len(g) - 1 else rest % sizes[i]
         if k != len(g) - 1: rest = rest // sizes[i]
 
-  def _loop(self, a: int, is_reduce: bool, prefix: str = "_r") -> Variable:
+  def _loop(self, a: int, is_reduce: bool, prefix: str = "r") -> Node:
     size = self.full_shape[a]
-    var = Variable(f"{prefix}{a}", 0, _upper(size) - 1)
-    rng = UOp(UOps.RANGE, I32, (_const(0), self.render(size)), (a, is_reduce))
+    if size == 0: return NumNode(0)  # a reduce over it is its identity; nothing else iterates it (output not empty)
+    var = Variable(f"{self.ip}{prefix}{a}", 0, _upper(size) - 1)
+    rng = UOp(UOps.RANGE, self.idx_dt, (self.const(0), self.render(size)), (a, is_reduce))
     self.var_uops[var.expr] = self.range_of[a] = rng
     return var
 
@@ -200,6 +244,7 @@ class _Lowerer:
 
   def per_lane(self, node: Node, is_bool: bool = False) -> list[UOp]:
     """The UOp of node for each lane (upcast variables replaced by the lane's indices)."""
+    if self.idx_dt is I32: self.check(node)   # lanes' values lie in node's bounds
     node_vars = node.vars()
     vs = [j for v, j in self.up_vars.items() if v in node_vars]
     def fix(u: UOp) -> UOp:
@@ -217,13 +262,14 @@ class _Lowerer:
       # node for a repeated offset anyway, this only skips building it again
       by_off: dict[int, Any] = dict.fromkeys(offs)
       if base.min == base.max:
-        for o in by_off: by_off[o] = _const(base.min + o)
+        for o in by_off: by_off[o] = self.const(base.min + o)
       elif b.op is _ALU and b.arg is _ADD and b.src[1].op is _CONST:
         # (x + c) + o built as x + (c+o): what the rewrites would make of it, without rebuilding every user
         x, c = b.src[0], b.src[1].arg
-        for o in by_off: by_off[o] = b if o == 0 else x if c + o == 0 else UOp(_ALU, I32, (x, _const(c + o)), _ADD)
+        for o in by_off:
+          by_off[o] = b if o == 0 else x if c + o == 0 else UOp(_ALU, b.dtype, (x, self.const(c + o)), _ADD)
       else:
-        for o in by_off: by_off[o] = b if o == 0 else UOp(_ALU, I32, (b, _const(o)), _ADD)
+        for o in by_off: by_off[o] = b if o == 0 else UOp(_ALU, self.idx_dt, (b, self.const(o)), _ADD)
       return [by_off[o] for o in offs]
     cache: dict[tuple[int, ...], UOp] = {}
     inv = {j: v for v, j in self.up_vars.items()}
@@ -268,6 +314,7 @@ class _Lowerer:
     """The int2 texel coordinate (x, y) of each lane's element idx of an (H, W, 4) image."""
     w = img.shape[1]
     xs, ys = self.per_lane((idx // 4) % w), self.per_lane(idx // (4 * w))
+    if self.idx_dt is not I32: xs, ys = [x.cast(I32) for x in xs], [y.cast(I32) for y in ys]   # small: images
     return [UOp(UOps.VECTORIZE, I32.vec(2), (x, y)) for x, y in zip(xs, ys)]
 
   def _groups(self, j: int, w: int) -> list[tuple[int, list[int]]]:
@@ -328,7 +375,7 @@ class _Lowerer:
     zero = UOp.const(dt, 0)
     def one(i: UOp, v: UOp, ldt: DType, alt: UOp) -> UOp:
       if v.op is _CONST: return UOp(_LOAD, ldt, (buf, i)) if v.arg else alt
-      return UOp(_LOAD, ldt, (buf, UOp(_ALU, I32, (v, i, _const(0)), _WHERE), v, alt))
+      return UOp(_LOAD, ldt, (buf, UOp(_ALU, i.dtype, (v, i, self.const(0)), _WHERE), v, alt))
     if (vec := self._vector_axis(mb, idx, valid)) is None:
       # one LOAD per distinct (index, guard) pair: lanes along an axis the buffer broadcasts read the same element
       made: dict[tuple[UOp, UOp], Any] = dict.fromkeys(zip(idxs, valids))
@@ -364,7 +411,7 @@ class _Lowerer:
       else:
         sel = UOp(UOps.GEP, f, (t,), 3)
         for k in (2, 1, 0):
-          sel = _alu(TernaryOps.WHERE, f, _alu(BinaryOps.CMPLT, dtypes.bool, comp, _const(k + 1)),
+          sel = _alu(TernaryOps.WHERE, f, _alu(BinaryOps.CMPLT, dtypes.bool, comp, self.const(k + 1)),
                      UOp(UOps.GEP, f, (t,), k), sel)
         out.append(sel)
     return out
@@ -397,13 +444,13 @@ class _Lowerer:
     idx, valid = self._expr(mb.st, self.idxs)
     idxs, valids = self.per_lane(idx), self.per_lane(valid, True)
     if self.group:  # only the first thread of each group writes the combined result
-      firsts = [_alu(BinaryOps.CMPLT, dtypes.bool, self.render(self.idxs[a]), _const(1)) for a in self.group]
+      firsts = [_alu(BinaryOps.CMPLT, dtypes.bool, self.render(self.idxs[a]), self.const(1)) for a in self.group]
       gate = functools.reduce(lambda a, b: _alu(BinaryOps.AND, dtypes.bool, a, b), firsts)
       valids = [gate if v.op is UOps.CONST and v.arg else _alu(BinaryOps.AND, dtypes.bool, v, gate) for v in valids]
     if isinstance(mb.dtype, ImageDType): return self._image_store(x, buf, idx, valid, vals, valids)
     def one(i: UOp, val: UOp, v: UOp) -> Optional[UOp]:
       if v.op is _CONST: return UOp(_STORE, None, (buf, i, val)) if v.arg else None
-      return UOp(_STORE, None, (buf, UOp(_ALU, I32, (v, i, _const(0)), _WHERE), val, v))
+      return UOp(_STORE, None, (buf, UOp(_ALU, i.dtype, (v, i, self.const(0)), _WHERE), val, v))
     if (vec := self._vector_axis(mb, idx, valid)) is None:
       return [s for s in map(one, idxs, vals, valids) if s is not None]
     j, w = vec
@@ -413,17 +460,40 @@ class _Lowerer:
       if (s := one(idxs[first], vv, valids[first])) is not None: out.append(s)
     return out
 
+  def _reduce_loops(self, x: LazyOp) -> tuple[tuple[UOp, ...], dict[UOp, UOp]]:
+    """The RANGEs x accumulates over, and the shared RANGEs its source must be rebuilt with instead. Reduces over
+    the same axes at the same nesting share their loops (one pass); a reduce over other axes, or nested differently,
+    that also reduces an axis gets its own RANGE of that axis, so each loop nest completes on its own."""
+    key = (tuple(x.arg), self.paths.get(x, ()))
+    loops: list[UOp] = []
+    sub: dict[UOp, UOp] = {}
+    for a in sorted(x.arg):
+      if a >= self.first_upcast: continue
+      base = self.range_of[a]
+      if self.range_owner.setdefault(a, key) == key:
+        loops.append(base)
+        continue
+      if (rng := self.own_ranges.get((a, key))) is None:
+        rng = self.own_ranges[(a, key)] = UOp(UOps.RANGE, base.dtype, base.src, base.arg + (len(self.own_ranges) + 1,))
+      loops.append(rng)
+      sub[base] = rng
+    return tuple(loops), sub
+
   def _reduce(self, x: LazyOp) -> list[UOp]:
     fu = self.first_upcast
-    loops = tuple(self.range_of[a] for a in sorted(x.arg) if a < fu)
     ups = [a - fu for a in x.arg if a >= fu]
     if x.src[0].op is ReduceOps.WMMA:
       if x.op is not ReduceOps.SUM: raise UnsupportedError(f"{x.op} over a WMMA (only SUM accumulates tensor cores)")
-      return self._wmma(x.src[0], loops, ups)
-    src = self.lower(x.src[0])
+      return self._wmma(x.src[0], tuple(self.range_of[a] for a in sorted(x.arg) if a < fu), ups)
     dt = _value_dtype(x.dtype)
     op = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}[x.op]  # type: ignore[index]
     init = dtypes.as_const(0 if x.op is ReduceOps.SUM else dtypes.min(dt), dt)
+    if any(self.full_shape[a] == 0 for a in x.arg): return [UOp.const(dt, init)] * len(self.lanes)  # empty: identity
+    loops, sub = self._reduce_loops(x)
+    src = self.lower(x.src[0])
+    if sub:
+      memo: dict[UOp, UOp] = {}
+      src = [_substitute(u, sub, memo) for u in src]
     combine = lambda xs: functools.reduce(lambda a, b: _alu(op, dt, a, b), xs)  # noqa: E731
     by_out: dict[tuple[int, ...], list[int]] = {}
     for i, ln in enumerate(self.lanes):
@@ -499,8 +569,36 @@ class _Lowerer:
     # lanes along the consumed and reduced axes share their output's value
     return [out[at(ln, {j: 0 for j in red | set(ups)})] for ln in self.lanes]  # type: ignore[misc]
 
+def _reduce_paths(ast: LazyOp) -> dict[LazyOp, tuple]:
+  """The reduce axes of the reduces enclosing each reduce of ast (outermost first), on its first path from a STORE."""
+  paths: dict[LazyOp, tuple] = {}
+  seen: set[tuple[LazyOp, tuple]] = set()
+  def walk(op: LazyOp, path: tuple) -> None:
+    if (op, path) in seen: return
+    seen.add((op, path))
+    if op.op in ReduceOps:
+      paths.setdefault(op, path)
+      path = path + (tuple(op.arg) if isinstance(op.arg, tuple) else (),)
+    for s in op.src: walk(s, path)
+  walk(ast, ())
+  return paths
+
+def _substitute(u: UOp, sub: dict[UOp, UOp], memo: dict[UOp, UOp]) -> UOp:
+  """u with every UOp in sub replaced (only the UOps that depend on one are rebuilt)."""
+  if (r := memo.get(u)) is None:
+    if u in sub: r = sub[u]
+    elif not u.src: r = u
+    else:
+      srcs = tuple(_substitute(s, sub, memo) for s in u.src)
+      r = u if all(a is b for a, b in zip(srcs, u.src)) else UOp(u.op, u.dtype, srcs, u.arg)
+    memo[u] = r
+  return r
+
 def lower(ast: LazyOp, opts: Any) -> UOp:
-  """The SINK of the UOp graph of an optimized AST (see the axis groups above) for a dialect `opts`."""
-  return _Lowerer(ast, opts).sink
+  """The SINK of the UOp graph of an optimized AST (see the axis groups above) for a dialect `opts`. Index arithmetic
+  is int32 where the symbolic bounds of every index, partial sum, loop bound and Variable prove it enough, else
+  int64 for the whole kernel (thread ids stay int32, widened where used)."""
+  try: return _Lowerer(ast, opts).sink
+  except _Wide: return _Lowerer(ast, opts, I64).sink
 
 __all__ = ["lower", "fold_dims", "RENDER_OPS"]

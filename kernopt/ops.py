@@ -5,12 +5,14 @@ import functools
 import hashlib
 import json
 import math
+import numbers
+import reprlib
 import struct
 import sys
 from dataclasses import dataclass, fields
 from enum import Enum, auto
 from typing import Any, Callable, Optional, TextIO, Union
-from kernopt.dtype import ConstType, DType, ImageDType, dtypes
+from kernopt.dtype import ConstType, DType, ImageDType, dtypes, storage_dtype_error
 from kernopt.errors import VerifyError
 from kernopt.helpers import dedup, prod
 from kernopt.shape import symbolic
@@ -36,10 +38,17 @@ for _e in (UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, MetaOps):
   _e.__hash__ = object.__hash__  # type: ignore[method-assign]  # members are singletons: hash by identity
 del _e
 Op = Union[UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, MetaOps]
+_OP_TYPES = frozenset((UnaryOps, BinaryOps, TernaryOps, ReduceOps, BufferOps, MetaOps))
 ALUOp = Union[UnaryOps, BinaryOps, TernaryOps]
 
 # ops whose value at 0 is not 0: a reduce over padded (zero-filled) elements is wrong through them
 UNSAFE_PAD_OPS = frozenset({UnaryOps.RECIP, UnaryOps.LOG2, UnaryOps.EXP2, BinaryOps.IDIV, BinaryOps.CMPNE})
+
+def _brief(x: Any) -> str: return f"{type(x).__name__} {reprlib.repr(x)}"
+
+def _check_buffer(what: str, dtype: Any, st: Any) -> None:
+  if (why := storage_dtype_error(dtype)) is not None: raise VerifyError(f"{what} dtype: {why}")
+  if not isinstance(st, ShapeTracker): raise VerifyError(f"{what} st must be a ShapeTracker, got {_brief(st)}")
 
 @dataclass(frozen=True)
 class MemBuffer:
@@ -48,12 +57,35 @@ class MemBuffer:
   dtype: DType
   st: ShapeTracker
 
+  def __post_init__(self) -> None:
+    idx = self.idx
+    if type(idx) is not int:
+      if isinstance(idx, bool) or not isinstance(idx, numbers.Integral):
+        raise VerifyError(f"MemBuffer idx must be an int >= -1, got {_brief(idx)}")
+      object.__setattr__(self, "idx", idx := int(idx))
+    if not -1 <= idx < 1 << 31: raise VerifyError(f"MemBuffer idx must be an int in [-1, 2**31), got {idx}")
+    _check_buffer(f"MemBuffer {idx}", self.dtype, self.st)
+
 @dataclass(frozen=True)
 class ConstBuffer:
   """A constant broadcast to the shape of `st`."""
   val: ConstType
   dtype: DType
   st: ShapeTracker
+
+  def __post_init__(self) -> None:
+    _check_buffer("ConstBuffer", self.dtype, self.st)
+    val = self.val
+    if type(val) not in (int, float, bool) and not isinstance(val, symbolic.Node):
+      if isinstance(val, numbers.Integral) and not isinstance(val, bool): val = int(val)
+      elif isinstance(val, numbers.Real): val = float(val)
+      elif type(val).__name__ == "bool_": val = bool(val)   # numpy's bool
+      else: raise VerifyError(f"ConstBuffer val must be a bool, int, float or symbolic node, got {_brief(val)}")
+      object.__setattr__(self, "val", val)
+    if type(val) is int and dtypes.is_float(self.dtype) and not -_FLOAT_MAX <= val <= _FLOAT_MAX:
+      raise VerifyError(f"ConstBuffer val {reprlib.repr(val)} is too large for any float ({self.dtype})")
+
+_FLOAT_MAX = int(sys.float_info.max)
 
 @dataclass(frozen=True)
 class KernelInfo:
@@ -81,6 +113,21 @@ class LazyOp:
   op: Op
   src: tuple[LazyOp, ...] = ()
   arg: Any = None
+
+  def __post_init__(self) -> None:
+    if type(self.op) not in _OP_TYPES:
+      raise VerifyError(f"LazyOp op must be a member of an op enum (e.g. BinaryOps.ADD), got {_brief(self.op)}")
+    if type(self.src) is not tuple:
+      raise VerifyError(f"{self.op} src must be a tuple of LazyOps, got {type(self.src).__name__}")
+    for x in self.src:
+      if not isinstance(x, LazyOp): raise VerifyError(f"{self.op} has a source that is not a LazyOp: {_brief(x)}")
+      if x.op is MetaOps.KERNEL or (x.op is BufferOps.STORE and self.op is not BufferOps.LOAD and
+                                    self.op is not MetaOps.KERNEL):
+        raise VerifyError(f"{x.op} can't be a source of {self.op} (only a KERNEL, or the LOAD of a local buffer, takes "
+                          "a STORE; nothing takes a KERNEL)")
+    try: self._hash
+    except TypeError:
+      raise VerifyError(f"{self.op} arg must be hashable (a tuple, not a list), got {_brief(self.arg)}") from None
 
   @functools.cached_property
   def _hash(self) -> int: return hash((self.op, self.src, self.arg))
@@ -253,12 +300,15 @@ class _Verifier:
       buf = self._buffer_arg(op, ConstBuffer)
       if op.src: raise VerifyError(f"CONST takes no sources, got {len(op.src)}")
       if not isinstance(buf.val, (int, float)): raise VerifyError(f"CONST value must be a number, got {buf.val!r}")
+      _check_const(buf)
       return buf.st
     if op.op is BufferOps.LOAD: return self._load(op)
     if op.op is BufferOps.STORE: return self._store(op, local_ok)
     if op.op is ReduceOps.WMMA:
       if not isinstance(op.arg, WMMAArg): raise VerifyError(f"WMMA needs a WMMAArg, got {op.arg!r}")
       shape = self._same_shapes(op, 2)
+      if (dts := [_value_dtype(x) for x in op.src]) != [op.arg.dtype_in] * 2:
+        raise VerifyError(f"WMMA of {op.arg.dtype_in} takes sources of {dts[0]} and {dts[1]}")
       return ShapeTracker.from_shape(_reduced(shape, tuple(op.arg.reduce_axes), op))
     if op.op in ReduceOps:
       if len(op.src) != 1: raise VerifyError(f"{op.op} takes 1 source, got {len(op.src)}")
@@ -269,6 +319,7 @@ class _Verifier:
       self._same_shapes(op, _ARITY[type(op.op)])
       if op.op is UnaryOps.BITCAST and (src_dt := op.src[0].dtype) is not None and src_dt.itemsize != op.arg.itemsize:
         raise VerifyError(f"BITCAST from {src_dt} to {op.arg} changes the item size")
+      if op.op not in (UnaryOps.CAST, UnaryOps.BITCAST): _check_alu_dtypes(op)
       return self.sts[op.src[0]]
     raise VerifyError(f"unknown op {op.op!r}")
 
@@ -306,7 +357,42 @@ class _Verifier:
     if not ok:
       raise VerifyError(f"STORE to buffer {buf.idx} of shape {_shape_str(shape)} "
                         f"from {op.src[0].op} of shape {_shape_str(val)}")
+    if _value_dtype(op.src[0]) != (base := buf.dtype.base if isinstance(buf.dtype, ImageDType) else buf.dtype):
+      raise VerifyError(f"STORE to buffer {buf.idx} of {buf.dtype} from {op.src[0].op} of {op.src[0].dtype}: "
+                        f"CAST the value to {base}")
     return buf.st
+
+def _value_dtype(op: LazyOp) -> Optional[DType]:
+  """The dtype of op's values: an image's base type for the LOAD of an image."""
+  return op.dtype.base if isinstance(op.dtype, ImageDType) else op.dtype
+
+def _check_alu_dtypes(op: LazyOp) -> None:
+  """ALU operands share one dtype (CAST and BITCAST are the only conversions); WHERE's condition is bool."""
+  vals = op.src
+  if op.op is TernaryOps.WHERE:
+    if (c := _value_dtype(op.src[0])) != dtypes.bool:
+      raise VerifyError(f"WHERE needs a bool condition, got {op.src[0].op} of {c}")
+    vals = op.src[1:]
+  dts = [_value_dtype(x) for x in vals]
+  if any(d != dts[0] for d in dts[1:]):
+    got = " and ".join(f"{x.op} of {d}" for x, d in zip(vals, dts))
+    raise VerifyError(f"{op.op} operands disagree in dtype: {got}; CAST one of them")
+
+def _check_const(buf: ConstBuffer) -> None:
+  """A CONST's value is representable in its dtype: NaN and inf only for floats, ints in range, bools 0 or 1."""
+  val, dt = buf.val, buf.dtype.scalar()
+  if dtypes.is_float(dt):
+    if isinstance(val, float) and math.isfinite(val) and math.isinf(truncate_float(val, dt)):
+      raise VerifyError(f"CONST {val!r} overflows {buf.dtype}")
+    return
+  if dt == dtypes.bool:
+    if not isinstance(val, bool) and not (type(val) is int and val in (0, 1)):
+      raise VerifyError(f"CONST {val!r} is not a {buf.dtype} (True, False, 0 or 1)")
+    return
+  if isinstance(val, float) and not (math.isfinite(val) and val.is_integer()):
+    raise VerifyError(f"CONST {val!r} is not representable in {buf.dtype}: only float types hold it")
+  if dtypes.is_int(dt) and not dtypes.min(dt) <= val <= dtypes.max(dt):
+    raise VerifyError(f"CONST {val!r} is out of range for {buf.dtype} [{dtypes.min(dt)}, {dtypes.max(dt)}]")
 
 def verify_lazyop(ast: LazyOp) -> dict[LazyOp, ShapeTracker]:
   """Check that `ast` is a well-formed KERNEL and return the ShapeTracker of each op under it.
@@ -510,3 +596,12 @@ def ast_dumps(ast: LazyOp) -> str:
 def ast_digest(ast: LazyOp) -> str:
   """sha256 hex digest of ast_dumps(ast): the same in every process and Python version with the same format version."""
   return hashlib.sha256(ast_dumps(ast).encode()).hexdigest()
+
+def value_to_json(x: Any) -> Any:
+  """x (ints, floats, strings, tuples, dtypes, symbolic nodes, ShapeTrackers, enums, arg records) as tagged JSON data,
+  as ast_to_json stores an op's arg."""
+  return _enc(x)
+
+def value_from_json(d: Any) -> Any:
+  """The value value_to_json turned into d."""
+  return _dec(d)

@@ -2,11 +2,16 @@
 (TensorCoreOptions). Plain immutable data; imports only the standard library."""
 from __future__ import annotations
 import functools
+import operator
 from dataclasses import dataclass, replace
 from enum import Enum, auto
 from typing import TYPE_CHECKING, Optional
 
+from kernopt.errors import KernelOptError
+
 if TYPE_CHECKING: from kernopt.kernel import Kernel
+
+_MAX = 1 << 31
 
 class OptOps(Enum):
   """The kinds of Opt. Each moves part of an axis into another group of the loop nest (see Kernel.colors)."""
@@ -28,6 +33,17 @@ class Opt:
   op: OptOps
   axis: Optional[int] = None
   amt: Optional[int] = None
+
+  def __post_init__(self) -> None:
+    if type(self.op) is not OptOps:
+      raise KernelOptError(f"Opt op must be an OptOps member (e.g. OptOps.UPCAST), got {type(self.op).__name__} "
+                           f"{self.op!r}")
+    for name in ("axis", "amt"):
+      v = getattr(self, name)
+      if v is None or (type(v) is int and 0 <= v < _MAX): continue
+      if isinstance(v, bool) or not hasattr(type(v), "__index__") or not 0 <= operator.index(v) < _MAX:
+        raise KernelOptError(f"Opt {name} must be None or a non-negative int below 2**31, got {type(v).__name__} {v!r}")
+      object.__setattr__(self, name, operator.index(v))
 
   def __repr__(self) -> str:
     return f"Opt(op=OptOps.{getattr(self.op, 'name', self.op)}, axis={self.axis}, amt={self.amt})"

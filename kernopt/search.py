@@ -5,11 +5,15 @@ tqdm (progress) and dask (tune_all on a cluster) only when present and asked for
 (kernopt.search_space) and validation (kernopt.validation) live beside it and are re-exported here."""
 from __future__ import annotations
 import concurrent.futures as cf
+import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import json
 import math
 import multiprocessing
+import os
+import re
 import sys
 import time
 import warnings
@@ -19,8 +23,9 @@ import numpy as np
 import kernopt
 from kernopt import ops
 from kernopt.dtype import ImageDType
-from kernopt.errors import KernelOptError, KernoptError
-from kernopt.helpers import ansistrip, config_override, diskcache_get, diskcache_items, diskcache_put, getconfig
+from kernopt.errors import KernelOptError, KernoptError, TuningCacheError
+from kernopt.helpers import ansistrip, config_override, count, diskcache_get, diskcache_get_many, diskcache_items, \
+  diskcache_put, diskcache_put_many, getconfig
 from kernopt.kernel import Kernel, Opt, OptOps
 from kernopt.ops import LazyOp
 from kernopt.renderers import Program, Renderer
@@ -279,7 +284,9 @@ class _Search:
     if self.threads is None: self.threads = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kernopt-search")
     for c, prg, err in programs:
       if prg is not None and _corrupt is not None: prg = _corrupt(c.kernel, prg)
-      started.append((c, prg, err, self.threads.submit(self.dev.compile, prg) if prg is not None else None))
+      # each compile runs in a copy of this context, so config_override (CACHE_DIR, COMPILE_TIMEOUT, ...) holds there
+      fut = self.threads.submit(contextvars.copy_context().run, self.dev.compile, prg) if prg is not None else None
+      started.append((c, prg, err, fut))
     for c, prg, err, fut in started:
       if fut is not None:
         try: c.runner = fut.result(timeout=self._wait_limit(force))
@@ -537,7 +544,7 @@ def _usable(entry: Any, cfg: SearchConfig) -> bool:
   """A complete search's entry always serves; one cut short by its budget only serves requests with no more budget."""
   if not isinstance(entry, dict) or not isinstance(entry.get("opts"), list): return False
   if entry.get("complete", True): return True
-  return cfg.time_budget_s is not None and cfg.time_budget_s <= entry.get("budget_s", 0.0)
+  return cfg.time_budget_s is not None and cfg.time_budget_s <= (entry.get("budget_s") or 0.0)
 
 def _reapply(kernel: Kernel, opts: list) -> Optional[Kernel]:
   """kernel's copy with the stored opts beyond its own applied; None if they don't apply."""
@@ -571,7 +578,9 @@ def search_or_cached(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None,
     key = tuning_key(kernel, dev, cfg)
   entry = diskcache_get(TUNING_TABLE, key)
   if _usable(entry, cfg) and (k := _reapply(kernel, entry["opts"])) is not None:
-    if not (entry.get("imported") and not entry.get("validated") and cfg.validate): return k
+    if not (entry.get("imported") and not entry.get("validated") and cfg.validate):
+      count("tuning_cache_hits")
+      return k
     sizes = [b.size for b in buffers] if buffers else None
     vv = dict(var_vals) if var_vals is not None else {v.expr: (v.min + v.max) // 2 for v in kernel.vars}
     why = Validator(kernel, dev, vv, sizes, cfg.seed).check(dev.compile(k.to_program()))
@@ -584,27 +593,77 @@ def search_or_cached(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None,
   diskcache_put(TUNING_TABLE, key, _entry(res, cfg, dev))
   return res.kernel
 
+_KEY_RE = re.compile(r"tune-[0-9a-f]{64}")
+_NUM, _BOOL, _STR = frozenset((int, float, type(None))), frozenset((bool,)), frozenset((str,))
+_FIELDS = {"validated": _BOOL, "time_s": _NUM, "baseline_s": _NUM, "searched_at": _NUM, "complete": _BOOL,
+           "budget_s": _NUM, "imported": _BOOL, "device": _STR, "kernel": _STR, "compiled": _NUM, "timed": _NUM}
+_OPT_NAMES = frozenset(OptOps.__members__)
+
+def _opt_ok(o: Any) -> bool:
+  if type(o) is not list or len(o) != 3 or type(o[0]) is not str or o[0] not in _OPT_NAMES: return False
+  return all(x is None or (type(x) is int and 0 <= x < 1 << 31) for x in (o[1], o[2]))
+
+def _clean_entry(key: Any, entry: Any) -> tuple[Optional[dict], str]:
+  """(the entry with only its known, well-typed fields, "") or (None, why it is not a tuning entry)."""
+  if type(key) is not str or not _KEY_RE.fullmatch(key): return None, f"key {str(key)[:80]!r} is not a tuning key"
+  if type(entry) is not dict: return None, f"entry {key[:16]} is a {type(entry).__name__}, not an object"
+  opts = entry.get("opts")
+  if type(opts) is not list or len(opts) > 64 or not all(map(_opt_ok, opts)):
+    return None, f"entry {key[:16]} has no list of [op, axis, amt] opts"
+  ret: dict[str, Any] = {"opts": [list(o) for o in opts]}
+  for name, types in _FIELDS.items():
+    if name in entry:
+      v = entry[name]
+      if type(v) not in types or v != v or (type(v) is str and len(v) > 4096):   # (v != v: NaN)
+        return None, f"entry {key[:16]} has a bad {name!r}: {str(v)[:40]}"
+      ret[name] = v
+  return ret, ""
+
+def _read_export(path: str) -> dict:
+  """The entries object of a file export_cache wrote; TuningCacheError for anything else."""
+  try:
+    with open(path, "rb") as f: data = json.loads(f.read().decode("utf-8"))
+  except OSError as e: raise TuningCacheError(f"cannot read tuning cache {path}: {e.strerror or e}") from None
+  except RecursionError: raise TuningCacheError(f"{path} is not a tuning cache: nested too deeply") from None
+  except ValueError as e: raise TuningCacheError(f"{path} is not a tuning cache: not UTF-8 JSON ({e})") from None
+  if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT or data.get("version") != EXPORT_VERSION:
+    raise TuningCacheError(f"{path} is not a kernopt tuning export (format {EXPORT_FORMAT!r}, version "
+                           f"{EXPORT_VERSION}); its top level is a {type(data).__name__}")
+  if not isinstance(entries := data.get("entries", {}), dict):
+    raise TuningCacheError(f"{path}: 'entries' is a {type(entries).__name__}, not an object")
+  return entries
+
 def export_cache(path: str) -> int:
-  """Write every tuning entry to one JSON file {"format", "version", "entries": {key: entry}}; returns the count."""
-  entries = {k: v for k, v in diskcache_items(TUNING_TABLE) if isinstance(v, dict)}
-  with open(path, "w") as f:
-    json.dump({"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "entries": entries}, f, indent=1, sort_keys=True)
+  """Write every tuning entry to one JSON file {"format", "version", "entries": {key: entry}} (atomically); returns
+  the count. TuningCacheError when the file can't be written."""
+  entries = {k: e for k, v in diskcache_items(TUNING_TABLE) if (e := _clean_entry(k, v)[0]) is not None}
+  tmp = f"{path}.{os.getpid()}.tmp"
+  try:
+    with open(tmp, "w") as f:
+      f.write(json.dumps({"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "entries": entries}, sort_keys=True))
+    os.replace(tmp, path)
+  except OSError as e:
+    with contextlib.suppress(OSError): os.unlink(tmp)
+    raise TuningCacheError(f"cannot write tuning cache {path}: {e.strerror or e}") from None
   return len(entries)
 
 def import_cache(path: str) -> int:
-  """Merge a file written by export_cache into this cache, each entry marked imported (validated on first use); a
-  local validated entry is kept. Returns the number of entries taken."""
-  with open(path) as f: data = json.load(f)
-  if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT or data.get("version") != EXPORT_VERSION:
-    raise ValueError(f"{path} is not a kernopt tuning export (format {EXPORT_FORMAT!r}, version {EXPORT_VERSION})")
-  n = 0
-  for key, entry in data.get("entries", {}).items():
-    if not isinstance(entry, dict) or not isinstance(entry.get("opts"), list): continue
-    old = diskcache_get(TUNING_TABLE, key)
-    if isinstance(old, dict) and old.get("validated") and not old.get("imported"): continue
-    diskcache_put(TUNING_TABLE, key, {**entry, "imported": True, "validated": False})
-    n += 1
-  return n
+  """Merge a file written by export_cache into this cache in one transaction, each entry marked imported (validated
+  on first use); a local validated entry is kept. Entries that are not tuning entries are skipped, with one
+  RuntimeWarning counting them. Returns the number of entries taken; TuningCacheError for a file that is not a
+  tuning cache."""
+  clean, bad = {}, []
+  for key, entry in _read_export(path).items():
+    e, why = _clean_entry(key, entry)
+    if e is None: bad.append(why)
+    else: clean[key] = e
+  old = diskcache_get_many(TUNING_TABLE, list(clean))
+  take = [(k, {**e, "imported": True, "validated": False}) for k, e in clean.items()
+          if not (isinstance(o := old.get(k), dict) and o.get("validated") and not o.get("imported"))]
+  if bad:
+    warnings.warn(f"import_cache {path}: skipped {len(bad)} malformed entr{'y' if len(bad) == 1 else 'ies'} "
+                  f"(first: {bad[0]})", RuntimeWarning, stacklevel=2)
+  return diskcache_put_many(TUNING_TABLE, take, plain=True)
 
 # ***** many kernels, possibly on a cluster *****
 

@@ -452,10 +452,11 @@ def order_uops(sink: UOp) -> list[UOp]:
   outer = sorted((u for u in ranges if not u.arg[1]), key=lambda r: r.arg[0])
   for i, r in enumerate(outer): parent[r] = outer[i - 1] if i else None
   innermost_outer = outer[-1] if outer else None
-  for acc in topo:
-    if acc.op is DEFINE_ACC:
-      rs = sorted(acc.src, key=lambda r: r.arg[0])
-      for i, r in enumerate(rs): parent.setdefault(r, rs[i - 1] if i else innermost_outer)
+  accs = [u for u in topo if u.op is DEFINE_ACC]
+  if len({a.src for a in accs}) > 1: _nest_accumulators(topo, accs, parent)
+  for acc in accs:
+    rs = sorted(acc.src, key=lambda r: r.arg[0])
+    for i, r in enumerate(rs): parent.setdefault(r, rs[i - 1] if i else innermost_outer)
   for u in ranges: parent.setdefault(u, innermost_outer)
   depth: dict[Optional[UOp], int] = {None: 0}
   for r in sorted(parent, key=lambda r: pos[r]): _depth(r, parent, depth)
@@ -595,6 +596,35 @@ def order_uops(sink: UOp) -> list[UOp]:
       raise AssertionError(f"cycle in the UOp graph while linearizing ({n - done} UOps left in a block)")
   emit(None)
   return out
+
+def _nest_accumulators(topo: list[UOp], accs: list[UOp], parent: dict[UOp, Optional[UOp]]) -> None:
+  """Accumulators over different loops (several reduces, nested ones): each accumulator's loops nest in the deepest
+  loop its update reads besides its own, so a reduce that reads another's loop index runs (and restarts) inside it,
+  and one that reads no output loop's index is computed once, before those loops."""
+  rdeps: dict[UOp, frozenset] = {}
+  for u in topo:
+    if u.op is UOps.RANGE: rdeps[u] = frozenset((u,))
+    elif u.op is UOps.DEFINE_ACC: rdeps[u] = frozenset()
+    elif u.op is UOps.PHI: rdeps[u] = rdeps[u.src[1]] - set(u.src[0].src)
+    else: rdeps[u] = frozenset().union(*(rdeps[s] for s in u.src)) if u.src else frozenset()
+  update = {u.src[0]: u.src[1] for u in topo if u.op is UOps.PHI}
+  # accumulators over the same loops (the lanes of one reduce, sibling reduces) share them: the deepest need wins
+  needs: dict[tuple[UOp, ...], frozenset] = {}
+  for a in accs:
+    rs = tuple(sorted(a.src, key=lambda r: r.arg[0]))
+    needs[rs] = needs.get(rs, frozenset()) | (rdeps[update[a]] - set(rs) if a in update else frozenset())
+  def depth(r: Optional[UOp]) -> int: return 0 if r is None else 1 + depth(parent[r])
+  pending = list(needs)
+  while pending:
+    ready = [rs for rs in pending if all(r in parent for r in needs[rs])] or pending[:1]
+    for rs in ready:
+      placed = [r for r in needs[rs] if r in parent]
+      enclosing = max(placed, key=depth) if placed else None
+      for i, r in enumerate(rs):
+        want = rs[i - 1] if i else enclosing
+        if parent.setdefault(r, want) is not want:
+          raise AssertionError(f"loop {r.arg} of two accumulators nested differently")
+      pending.remove(rs)
 
 def _depth(r: Optional[UOp], parent: dict[UOp, Optional[UOp]], depth: dict[Optional[UOp], int]) -> int:
   if r not in depth: depth[r] = _depth(parent[r], parent, depth) + 1  # type: ignore[index]

@@ -14,12 +14,12 @@ class UOps(Enum):
   """Each kind's sources and argument ("-" for none):
   SINK          src: the STOREs (and other effects) of the kernel                        arg: -
   DEFINE_GLOBAL src: -                        dtype: element dtype (ImageDType for images)  arg: (index, name, writable)
-  DEFINE_VAR    src: -                        dtype: int32                                   arg: Variable
+  DEFINE_VAR    src: -                        dtype: int32, int64 when its range needs it    arg: Variable
   DEFINE_LOCAL  src: -                        dtype: element dtype                           arg: (name, elements)
   DEFINE_ACC    src: the reduce RANGEs it accumulates over   dtype: accumulator dtype
                 arg: (initial value, accumulator number): the number keeps interned accumulators distinct
   SPECIAL       src: -                        dtype: int32   arg: (dim, name, size): name "gidx<d>" or "lidx<d>"
-  RANGE         src: (start, end)             dtype: int32   arg: (axis, is_reduce)
+  RANGE         src: (start, end)             dtype: the index dtype (int32, or int64)  arg: (axis, is_reduce)
   ENDRANGE      src: (RANGE,)                 (only in linearized lists)
   CONST         src: -                        arg: the Python value (already of dtype's kind)
   LOAD          src: (buf, idx) | (buf, idx, valid, alt) | (buf, idx, BARRIER)   dtype: may be a vector

@@ -1,6 +1,8 @@
 """Run the small catalogue on a real NVIDIA GPU through kernopt.runtime.cuda and compare with numpy.
 
-  PYTHONPATH=. python scripts/gpu_check.py            # needs cuda-python (cuda.bindings) and numpy
+  PYTHONPATH=. python scripts/gpu_check.py            # needs numpy and pycuda or cuda-python (cuda.bindings)
+  PYTHONPATH=. python scripts/gpu_check.py --driver cuda-python  # launch through that binding (default: the first
+                                                                 # of pycuda, cuda-python that works)
   PYTHONPATH=. python scripts/gpu_check.py --dry-run  # render and compile (nvcc or NVRTC) without a GPU
   PYTHONPATH=. python scripts/gpu_check.py --fuzz 8  # then 8 random legal Opt sequences per case (tests/fuzz.py)
 
@@ -72,7 +74,7 @@ def run_case(dev: Any, case: Case, prg: Program) -> tuple[str, float, float]:
     inputs = case.inputs(np.random.default_rng(0))
     bufs = {}
     for spec in case.buffers:
-      b = Buffer("CUDA", spec.numel, spec.dtype)
+      b = Buffer(dev, spec.numel, spec.dtype)   # allocated through the driver under test
       if not spec.output: b.copyin(inputs[spec.idx])
       else: b.copyin(np.zeros(spec.numel, dtype=spec.np_dtype))
       bufs[spec.idx] = b
@@ -88,6 +90,8 @@ def main(argv: Optional[list[str]] = None) -> int:
   ap.add_argument("--arch", default=None, help="target for --dry-run (default sm_90; the GPU's own otherwise)")
   ap.add_argument("--only", nargs="*", default=None, help="case names to run")
   ap.add_argument("--nvcc", action="store_true", help="compile with nvcc even when NVRTC is importable")
+  ap.add_argument("--driver", default=None, choices=("pycuda", "cuda-python"),
+                  help="the driver binding to launch through (default: the first of them that works)")
   ap.add_argument("--fuzz", type=int, default=0, help="then fuzz each case with this many random Opt sequences")
   ap.add_argument("--seed", type=int, default=0, help="the fuzz seed")
   args = ap.parse_args(argv)
@@ -95,12 +99,13 @@ def main(argv: Optional[list[str]] = None) -> int:
   dev = None
   if args.dry_run: arch = args.arch or "sm_90"
   else:
-    ok, reason = CUDADevice.availability()
+    ok, reason = CUDADevice.availability(args.driver)
     if not ok:
       print(f"gpu_check: {reason}")
       return 2
-    dev = CUDADevice(prefer_nvrtc=not args.nvcc)
+    dev = CUDADevice(prefer_nvrtc=not args.nvcc, driver=args.driver)
     arch = dev.arch
+    print(f"gpu_check: {arch}, {reason}")
   cases = [c for c in catalogue("small") if "image" not in c.name and (not args.only or c.name in args.only)]
   print(f"{'case':<16}{'knobs':<18}{'tc':<4}{'codegen ms':>11}{'compile ms':>11}{'kernel us':>11}  result")
   failures, t0 = 0, time.perf_counter()
@@ -122,11 +127,13 @@ def main(argv: Optional[list[str]] = None) -> int:
       failures += bool(err)
       print(f"{case.name:<16}{label:<18}{'y' if tc else '-':<4}{t_gen * 1e3:>11.1f}{t_comp * 1e3:>11.1f}"
             f"{t_kern * 1e6:>11.1f}  {'FAIL ' + err if err else 'ok'}", flush=True)
-  print(f"{failures} failure(s) in {time.perf_counter() - t0:.1f} s ({'dry run, ' if dev is None else ''}{arch})")
+  through = "dry run" if dev is None else f"through {dev.driver_name}"
+  print(f"{failures} failure(s) in {time.perf_counter() - t0:.1f} s ({through}, {arch})")
   if args.fuzz and dev is not None:
     import fuzz
     t0 = time.perf_counter()
-    report = fuzz.run_fuzz("CUDA", cases, args.fuzz, args.seed, device_options={"prefer_nvrtc": not args.nvcc})
+    options = {"prefer_nvrtc": not args.nvcc, "driver": dev.driver_name}
+    report = fuzz.run_fuzz("CUDA", cases, args.fuzz, args.seed, device_options=options)
     print(report.summary())
     print(f"fuzz: {time.perf_counter() - t0:.1f} s; OptOps that ran: {sorted(o.name for o in report.executed_ops)}")
     failures += len(report.failures)

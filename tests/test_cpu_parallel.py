@@ -78,7 +78,8 @@ def test_no_parallel_loop_when_an_accumulator_is_outside():
 
 def test_fewer_iterations_than_threads():
   """An outer loop of 2 iterations on 5 threads: idle workers, every element written once."""
-  case, dev = get("matmul_64"), Device.open("CPU", threads=5, parallel="pthread", min_parallel_work=0)
+  case, dev = get("matmul_64"), Device.open("CPU", threads=5, parallel="pthread", min_parallel_work=0,
+                                                 vector_width=8)
   k = Kernel(case.ast, opts=dev.renderer)
   for o in (Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 8)): k.apply_opt(o)
   prg = k.to_program()

@@ -224,7 +224,7 @@ def test_elementwise_add_with_variable():
   b(UOps.ENDRANGE, None, (rng,))
   xa, ya = np.random.default_rng(1).standard_normal((2, 64)).astype(np.float32)
   res, src = run(b, {1: xa, 2: ya}, {0: (dtypes.float32, 64)}, var_vals={"n": 37})
-  assert "int n)" in src and "float* restrict data0, const float* restrict data1" in src
+  assert "int v_n)" in src and "float* restrict data0, const float* restrict data1" in src
   np.testing.assert_array_equal(res[0][:37], xa[:37] + ya[:37])
   assert not res[0][37:].any()
 

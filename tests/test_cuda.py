@@ -41,7 +41,7 @@ def test_launch_bounds_shared_and_barrier():
 
 def test_symbolic_kernel_takes_int_after_buffers():
   prg, _ = program("sym_add")
-  assert "const float* data2, const int n)" in prg.src
+  assert "const float* data2, const int v_n)" in prg.src
 
 def test_half_is_storage_and_no_tensor_cores_before_sm80():
   prg, tc = program("matmul_half", "sm_75")

@@ -48,7 +48,7 @@ def test_signature_threadgroup_memory_and_barrier():
                    r"\[\[thread_position_in_threadgroup\]\]\)", prg.src)
   assert "threadgroup float temp0[" in prg.src and "threadgroup_barrier(mem_flags::mem_threadgroup);" in prg.src
   sym, _ = program("sym_add")
-  assert "constant int& n [[buffer(3)]]" in sym.src
+  assert "constant int& v_n [[buffer(3)]]" in sym.src
 
 def test_images_and_double_are_refused():
   with pytest.raises(UnsupportedError): program("image_in")

@@ -1,12 +1,15 @@
 """The native CPU profile: host capabilities, the CPU heuristics (register tiles), the lane packer (vector ops of
 GCC's vector extensions) and the whole small catalogue on the multi-core CPU device, compared with numpy; the static C
 profile keeps the spec's choices."""
+import platform
+import re
 import numpy as np
 import pytest
 import catalogue
 from catalogue import get
 from kernopt.dtype import ImageDType, dtypes
 from kernopt.errors import UnsupportedError
+from kernopt.helpers import config_override
 from kernopt.kernel import Kernel, Opt, OptOps
 from kernopt.renderers import get_renderer
 from kernopt.renderers.cstyle import CRenderer
@@ -18,6 +21,13 @@ from kernopt.uops import UOps
 
 needs_cc = pytest.mark.skipif(not cpu.CPUDevice.availability()[0], reason="no C compiler")
 R8 = NativeCRenderer(vector_width=8, threads=2)
+# every width-dependent test pins its width: the host's own (4 with SSE or NEON, 8 with AVX2, 16 with AVX-512) must not
+# decide what a test checks; a width wider than the host's registers still compiles and runs (split by the compiler)
+WIDTHS = (4, 8, 16)
+
+def lanes(axis: int, w: int) -> list:
+  """Opts that upcast `axis` into w contiguous lanes, each at most 8 (the static profile's limit)."""
+  return [Opt(OptOps.UPCAST, axis, min(w, 8))] + ([Opt(OptOps.UPCAST, axis, w // 8)] if w > 8 else [])
 
 def protocol(ast, renderer) -> Kernel:
   k = Kernel(ast, opts=renderer).required_optimizations()
@@ -35,6 +45,43 @@ def test_vector_width_from_cpuinfo(tmp_path, flags, width):
   path = tmp_path / "cpuinfo"
   path.write_text(f"processor\t: 0\nmodel name\t: test\nflags\t\t: {flags}\n")
   assert host_vector_width(str(path)) == width
+
+AVX512_HOST = "fpu sse2 sse4_2 popcnt avx avx2 fma bmi2 avx512f avx512bw avx512dq avx512vl"
+
+@pytest.mark.parametrize("march,width,fma", [("x86-64-v2", 4, False), ("x86-64-v3", 8, True), ("x86-64-v4", 16, True),
+                                             ("native", 16, True)])
+def test_cpu_march_sets_the_isa_facts(tmp_path, march, width, fma):
+  from kernopt.renderers.native import isa_facts
+  path = tmp_path / "cpuinfo"
+  path.write_text(f"processor\t: 0\nflags\t\t: {AVX512_HOST}\n")
+  if platform.machine().lower() not in ("x86_64", "amd64") and march != "native": pytest.skip("x86-64 levels")
+  facts = isa_facts(march, str(path))
+  assert (facts.march, facts.vector_width, facts.fma) == (march, width, fma)
+
+def test_cpu_march_refuses_what_the_host_cannot_run(tmp_path):
+  from kernopt.renderers.native import isa_facts
+  path = tmp_path / "cpuinfo"
+  path.write_text("processor\t: 0\nflags\t\t: fpu sse2 sse4_2 popcnt avx avx2 fma bmi2\n")
+  if platform.machine().lower() in ("x86_64", "amd64"):
+    assert isa_facts("x86-64-v3", str(path)).vector_width == 8
+    with pytest.raises(UnsupportedError, match="avx512f.*SIGILL"): isa_facts("x86-64-v4", str(path))
+  with pytest.raises(UnsupportedError, match="not one of"): isa_facts("pentium4", str(path))
+  with config_override(CPU_MARCH="bogus"), pytest.raises(UnsupportedError, match="bogus"): NativeCRenderer()
+
+@needs_cc
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 levels")
+def test_cpu_march_knob_reaches_compiler_and_renderer():
+  """CPU_MARCH=x86-64-v2 makes the device an SSE4-only one: -march=x86-64-v2, 4 lanes, no fused accumulation; its
+  kernels match numpy."""
+  with config_override(CPU_MARCH="x86-64-v2"): dev = cpu.CPUDevice(threads=2, min_parallel_work=0)
+  assert "-march=x86-64-v2" in dev.flags() and "-march=native" not in dev.flags()
+  r = dev.renderer
+  assert (r.vector_width, r.fused_accumulate, r.capabilities()["march"]) == (4, False, "x86-64-v2")
+  case = get("matmul_64")
+  prg = protocol(case.ast, r).to_program()
+  assert "float4 " in prg.src
+  for _, got, want in catalogue.run_program(dev, case, prg, seed=6):
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
 
 def test_native_capabilities():
   r = NativeCRenderer(vector_width=16, threads=4)
@@ -161,14 +208,15 @@ def test_matmul_loops_interchanged():
   assert interchange_outer_loops(ew) is ew
 
 @needs_cc
-def test_vector_max_keeps_nan_semantics():
+@pytest.mark.parametrize("w", WIDTHS)
+def test_vector_max_keeps_nan_semantics(w):
   """MAX(a, b) is a > b ? a : b lane by lane, also where a lane is NaN."""
-  case, dev = get("max_axis1"), Device.open("CPU", threads=2)
+  case, dev = get("max_axis1"), Device.open("CPU", threads=2, vector_width=w)
   ins = case.inputs(np.random.default_rng(1))
   x = ins[1].copy()
   x[3, 5], x[4, 0] = np.nan, np.inf
   prg = protocol(case.ast, dev.renderer).to_program()
-  assert "ko_max_float8" in prg.src
+  assert f"ko_max_float{w}(" in prg.src
   out = Buffer("CPU", case.buffers[0].numel, dtypes.float)
   dev.compile(prg)(out, Buffer("CPU", x.size, dtypes.float).copyin(x))
   static = Device.open("CPU", profile="static")
@@ -178,16 +226,33 @@ def test_vector_max_keeps_nan_semantics():
 
 def test_vector_loads_pinned_to_registers():
   """On x86/ARM hosts a vector load goes through an empty asm, so GCC reads B once per step instead of folding the
-  load into each of the tile's multiplies; `pin_loads=None` renders the plain memcpy load (static: no vectors)."""
-  r = NativeCRenderer(vector_width=8, threads=1)
+  load into each of the tile's multiplies; `pin_loads=None` renders the plain memcpy load (static: no vectors). Width
+  4 fits a register of every x86-64 level and of NEON."""
+  r = NativeCRenderer(vector_width=4, threads=1)
   r.pin_loads = "x"
   k = protocol(get("matmul_1024", "large").ast, r)
   src = k.to_program().src
-  assert '__asm__("" : "+x"(v))' in src and "ko_vload_reg_float8(data2+" in src
+  assert '__asm__("" : "+x"(v))' in src and "ko_vload_reg_float4(data2+" in src
   assert r.capabilities()["pin_loads"] == "x"
   r.pin_loads = None
   src = Kernel(k.ast, opts=r).required_optimizations().hand_coded_optimizations().to_program().src
-  assert "__asm__" not in src and "ko_vload_float8(data2+" in src
+  assert "__asm__" not in src and "ko_vload_float4(data2+" in src
+
+@needs_cc
+def test_vectors_wider_than_the_isa_registers_are_not_pinned_and_run():
+  """A pinned width of 16 on an SSE-only target (x86-64-v2: 4-lane registers) is split by the compiler; the pinning
+  asm, whose constraint one register cannot meet, is left out, and the kernel compiles and matches numpy."""
+  from kernopt.renderers.native import ISA_LEVELS
+  dev = Device.open("CPU", threads=1, vector_width=16)
+  r = NativeCRenderer(vector_width=16, threads=1)
+  r.pin_loads, r.isa = "x", ISA_LEVELS["x86-64-v2"]
+  case = get("matmul_64")
+  k = Kernel(case.ast, opts=r)
+  for o in lanes(1, 16) + [Opt(OptOps.UPCAST, 0, 4)]: k.apply_opt(o)
+  prg = k.to_program()
+  assert "float16 " in prg.src and "__asm__" not in prg.src
+  for _, got, want in catalogue.run_program(dev, case, prg, seed=2):
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-4)
 
 @needs_cc
 def test_native_flags_unroll_static_keeps_spec_flags():
@@ -195,17 +260,16 @@ def test_native_flags_unroll_static_keeps_spec_flags():
   assert "-funroll-loops" not in Device.open("CPU", profile="static").flags()
 
 @needs_cc
-@pytest.mark.parametrize("scale", ["small", "large"])
-def test_padded_conv_masked_vector_loads_bit_identical(scale):
+@pytest.mark.parametrize("scale,w", [("small", 8)] + [("large", w) for w in WIDTHS])
+def test_padded_conv_masked_vector_loads_bit_identical(scale, w):
   """The padded input's contiguous gated lanes are one masked vector load (a plain vector load where every lane is
   inside); same opts on the static profile give the same bits (with the static profile's rounding: no fused
-  accumulation)."""
+  accumulation). Small: the heuristics' own tile at width 8; large: w lanes along the image's row."""
   case = get("conv2d", scale)
-  native = Device.open("CPU", threads=2, min_parallel_work=0, fused_accumulate=False)
+  native = Device.open("CPU", threads=2, min_parallel_work=0, fused_accumulate=False, vector_width=w)
   static = Device.open("CPU", profile="static")
-  # the static profile allows upcasts of at most 8
-  opts = protocol(case.ast, native.renderer).applied_opts if scale == "small" else \
-    [Opt(OptOps.UPCAST, 3, 8), Opt(OptOps.UPCAST, 1, 4)]
+  opts = protocol(case.ast, native.renderer).applied_opts if scale == "small" else lanes(3, w) + \
+    [Opt(OptOps.UPCAST, 1, 4)]
   ins = case.inputs(np.random.default_rng(11))
   res = []
   for dev in (native, static):
@@ -217,7 +281,7 @@ def test_padded_conv_masked_vector_loads_bit_identical(scale):
       if not b.output: bufs[b.idx].copyin(ins[b.idx])
     dev.compile(prg)(*[bufs[i] for i in sorted(bufs)])
     res.append((prg.src, bufs[0].numpy()))
-  assert "ko_mload_float8(data1" in res[0][0] and "ko_mload" not in res[1][0]
+  assert f"ko_mload_float{w}(data1" in res[0][0] and "ko_mload" not in res[1][0]
   assert res[0][1].tobytes() == res[1][1].tobytes()
   want = case.reference(ins, {})[0].reshape(-1)
   np.testing.assert_allclose(res[0][1][:want.size], want, rtol=1e-3, atol=1e-3)
@@ -252,7 +316,8 @@ def test_reduce_blocks_bit_identical(name, threads):
     r.reduce_block = steps
     res.append(_run_matmul(case, r, dev))
   (blocked_src, blocked, want), (plain_src, plain, _) = res
-  assert f"*{k_len // 4}; " in blocked_src and "?ko_vload_reg_float8(data0+" in blocked_src.replace(" ", "")
+  assert f"*{k_len // 4}; " in blocked_src
+  assert re.search(r"\?ko_vload(_reg)?_float8\(data0\+", blocked_src.replace(" ", ""))
   assert "data0+" not in plain_src.split("for (int32_t ridx")[-1].split("memcpy(data0")[0]  # unsplit: no reload
   assert blocked.tobytes() == plain.tobytes()
   np.testing.assert_allclose(blocked[:want.size], want, rtol=1e-3, atol=1e-3)
@@ -285,21 +350,23 @@ def test_catalogue_on_native_cpu(name):
                                        rtol=case.tol * 10, atol=case.tol * 10)
 
 @needs_cc
-def test_explicit_opts_pack_and_match_static():
+@pytest.mark.parametrize("w", WIDTHS)
+def test_explicit_opts_pack_and_match_static(w):
   """A hand-picked tile renders vector code on the native profile and matches the static profile's result."""
-  opts = [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UNROLL, 0, 4)]
+  opts = lanes(1, w) + [Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UNROLL, 0, 4)]
   case = get("matmul_64")
   ins = case.inputs(np.random.default_rng(5))
   res = []
-  for dev in (Device.open("CPU", threads=2), Device.open("CPU", profile="static")):
+  for dev in (Device.open("CPU", threads=2, vector_width=w), Device.open("CPU", profile="static")):
     k = Kernel(case.ast, opts=dev.renderer)
     for o in opts: k.apply_opt(o)
     prg = k.to_program()
     out = Buffer("CPU", 64 * 64, dtypes.float)
     dev.compile(prg)(out, *(Buffer("CPU", 64 * 64, dtypes.float).copyin(ins[i]) for i in (1, 2)))
     res.append((prg.src, out.numpy()))
-  assert "float8" in res[0][0] and "float8" not in res[1][0]
+  assert f"float{w} " in res[0][0] and "float" not in res[1][0].replace("float*", "").replace("float ", "")
   np.testing.assert_allclose(res[0][1], res[1][1], rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(res[0][1], case.reference(ins, {})[0].reshape(-1), rtol=1e-4, atol=1e-4)
 
 # ***** fuzz *****
 

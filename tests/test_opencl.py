@@ -82,9 +82,11 @@ def test_renderer_static_profile_and_device_profile(dev):
 
 def test_select_device():
   import pyopencl as cl
-  devs = [d for p in cl.get_platforms() for d in p.get_devices()]
-  gpus = [d for d in devs if d.type & cl.device_type.GPU]
-  assert select_device(None).int_ptr == (gpus or devs)[0].int_ptr   # the first GPU, else the first device
+  from kernopt.runtime.opencl import _all_devices, probe
+  devs = _all_devices()
+  order = [d for d in devs if d.type & cl.device_type.GPU] + [d for d in devs if not d.type & cl.device_type.GPU]
+  # the first GPU that runs the probe kernel, else the first other device that does (tests/test_opencl_select.py)
+  assert select_device(None).int_ptr == next(d for d in order if probe(d) is None).int_ptr
   name = select_device(0).name
   assert select_device(name[:5]).name == name
   with config_override(CL_DEVICE="0"): assert select_device().name == name
@@ -111,7 +113,7 @@ def test_elementwise_specials_and_variable(dev):
   val = alu(BinaryOps.ADD, alu(BinaryOps.MUL, va, const(2.0, f32)), vb)
   uops = [out, a, b, n, g, l, i, ok, va, vb, val, store(out, i, val, ok), sink]
   src = dev.renderer.render("ew", lin(uops))
-  assert "get_group_id(0)" in src and "get_local_id(0)" in src and src.index("int n") > src.index("data2")
+  assert "get_group_id(0)" in src and "get_local_id(0)" in src and src.index("int v_n") > src.index("data2")
   rt = make(dev, "ew", uops, [BufferArg(0, f32, nv, True), BufferArg(1, f32, nv, False), BufferArg(2, f32, nv, False)],
             (32,), (32,), vars=(nv,))
   rng_ = np.random.default_rng(0)
@@ -334,7 +336,9 @@ def test_launch_beyond_device_limits_is_refused(dev):
   lib, prg = rt.lib, rt.program
   too_big = dev.cl_device.max_work_item_sizes[0] + 1
   with pytest.raises(LaunchError, match="exceeds"): dev.launch_sizes(lib, prg, (1,), (too_big,))
-  with pytest.raises(LaunchError, match="work-group of"): dev.launch_sizes(lib, prg, (1, 1), (64, 128))
+  limit = min(dev.cl_device.max_work_group_size, lib.max_group)   # 4096 on PoCL, 8192 on Intel's runtime
+  x = min(dev.cl_device.max_work_item_sizes[0], limit)
+  with pytest.raises(LaunchError, match="work-group of"): dev.launch_sizes(lib, prg, (1, 1), (x, limit // x + 1))
   with pytest.raises(LaunchError, match="at most 3"): dev.launch_sizes(lib, prg, (1, 1, 1, 1), None)
   assert dev.launch_sizes(lib, prg, (4, 3), (2, 1)) == ((8, 3), (2, 1))
   assert dev.launch_sizes(lib, prg, None, None) == ((1,), (1,))
@@ -418,10 +422,15 @@ def test_catalogue_end_to_end(dev, case, optimize):
 
 # ***** the CPU device profile (PoCL): packed lanes and heuristics_opencl, against the static profile *****
 
-def _cpu_profile(dev):
+def _cpu_profile(dev, width=None):
+  """The device's CPU profile, at its own vector width or pinned to `width` (its other capabilities unchanged)."""
   import pyopencl as cl
   if not dev.cl_device.type & cl.device_type.CPU: pytest.skip("the OpenCL device is not a CPU: no CPU profile")
-  return dev.renderer
+  if width is None or width == dev.renderer.vector_width: return dev.renderer
+  r = dev.renderer
+  return OpenCLRenderer(local_max=r.local_max, max_local_size=r.max_local_size, shared_max=r.shared_max,
+                        has_fp16=r.has_fp16, supports_images=r.supports_images, vector_width=width,
+                        stream_stores=r.stream_stores, clang=r.clang)
 
 def alu_ast(op, *srcs):
   from tests.catalogue import alu as calu
@@ -555,18 +564,19 @@ def test_streamed_kernels_with_other_opts_are_exact(dev, opts):
   dev.compile(prg)(*[{0: out, 1: buf(xs[1]), 2: buf(xs[2])}[a.idx] for a in prg.args], wait=True)
   np.testing.assert_array_equal(out.numpy().reshape(shp), xs[1] + xs[2])
 
-def test_cpu_profile_row_sum_streams_rows_into_vector_accumulators(dev):
+@pytest.mark.parametrize("w", [4, 8, pytest.param(16, marks=pytest.mark.xfail(
+  strict=True, reason="known gap: at width 16 the lane packer leaves the 4-row tile scalar (issue 18)"))])
+def test_cpu_profile_row_sum_streams_rows_into_vector_accumulators(dev, w):
   from tests.catalogue import buf as lbuf, kernel, reduce, store
   from kernopt.ops import ReduceOps
   from kernopt.opt import OptOps
-  r = _cpu_profile(dev)
-  w = r.vector_width
+  r = _cpu_profile(dev, w)
   R, C = 16, 8 * w
   x = np.random.default_rng(4).standard_normal((R, C), dtype=np.float32)
   got, opts, src = _run_ast(dev, kernel(store(reduce(ReduceOps.SUM, lbuf(1, (R, C)), (1,)))), r, {1: x}, R)
+  np.testing.assert_allclose(got, x.sum(axis=1), rtol=1e-4, atol=1e-4)   # the numbers hold at every width
   assert [(o.op, o.amt) for o in opts] == [(OptOps.UNROLL, 2 * w), (OptOps.UPCAST, 4 if w > 4 else 2)]
   assert f"float{w} acc" in src and vector_access(src, w, "load")
-  np.testing.assert_allclose(got, x.sum(axis=1), rtol=1e-4, atol=1e-4)
 
 def test_cpu_profile_elementwise_keeps_lanes_scalar_in_work_groups(dev):
   from tests.catalogue import buf as lbuf, const as lconst, kernel, store

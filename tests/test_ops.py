@@ -76,7 +76,7 @@ def test_verify_bad_args():
   a, st = buf(1, (4,)), ShapeTracker.from_shape((4,))
   _bad(kernel(store(LazyOp(UnaryOps.CAST, (a,), None), dtype=dtypes.float)), "CAST needs a DType arg")
   _bad(kernel(store(LazyOp(BufferOps.LOAD, (), ConstBuffer(1.0, dtypes.float, st)))), "LOAD of a ConstBuffer")
-  _bad(kernel(store(LazyOp(BinaryOps.ADD, (a, "x")), dtype=dtypes.float)), "not a LazyOp")
+  with pytest.raises(VerifyError, match="not a LazyOp"): LazyOp(BinaryOps.ADD, (a, "x"))   # refused when built
   _bad(kernel(store(LazyOp(UnaryOps.BITCAST, (a,), dtypes.half))), "BITCAST from .* changes the item size")
   _bad(kernel(store(LazyOp(BufferOps.LOAD, (a,), MemBuffer(-1, dtypes.float, st)))),
        "needs exactly one source: the STORE")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Optional
-from kernopt.dtype import DType
-from kernopt.errors import UnsupportedError
+from kernopt.dtype import DType, dtypes
+from kernopt.errors import UnsupportedError, VerifyError
 from kernopt.helpers import prod
 if TYPE_CHECKING: from kernopt.shape.symbolic import sint
 
@@ -58,11 +58,23 @@ class Renderer:
 
 @dataclass(frozen=True)
 class BufferArg:
-  """One buffer argument of a Program: the kernel reads or writes elements [0, min_size) of it."""
+  """One MemBuffer index of a Program's AST: the kernel reads or writes elements [0, min_size) of it. An unused one
+  (its loads folded away) is still passed to the runner, checked for dtype only, but is no parameter of the source."""
   idx: int
   dtype: DType
   min_size: Any
   writable: bool
+  used: bool = True
+
+def var_dtype(v: Any) -> DType:
+  """The parameter type of Variable v: int32 when its whole range fits, else int64."""
+  return dtypes.int32 if -2**31 <= v.min and v.max < 2**31 else dtypes.int64
+
+@dataclass(frozen=True)
+class VarArg:
+  """One Variable parameter of a Program, passed (after the used buffers, in `Program.vars` order) as dtype."""
+  name: str
+  dtype: DType
 
 @dataclass(frozen=True)
 class Program:
@@ -78,6 +90,18 @@ class Program:
   args: tuple[BufferArg, ...] = ()
   vars: tuple[Any, ...] = ()
   extra: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+  var_args: tuple[VarArg, ...] = ()   # one per vars entry; derived from the Variables' ranges when not given
+
+  def __post_init__(self) -> None:
+    if not self.var_args and self.vars:
+      object.__setattr__(self, "var_args", tuple(VarArg(v.expr, var_dtype(v)) for v in self.vars))
+    if len(self.var_args) != len(self.vars) or any(a.name != v.expr for a, v in zip(self.var_args, self.vars)):
+      raise VerifyError(f"{self.name}: var_args {self.var_args} don't match vars {self.vars}")
+
+  @property
+  def used_args(self) -> tuple[BufferArg, ...]:
+    """The buffers the rendered function takes, in index order: its leading parameters."""
+    return tuple(a for a in self.args if a.used)
 
   def launch_dims(self, var_vals: dict[Any, int]) -> tuple[Optional[tuple[int, ...]], Optional[tuple[int, ...]]]:
     """global and local sizes with symbolic entries evaluated for var_vals."""

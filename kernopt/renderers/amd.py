@@ -111,6 +111,8 @@ class AMDRenderer(CStyleLanguage):
     return super().render_cast(x, src, dst)
 
   def bitcast_bits(self, x: str, src: DType, dst: DType) -> str:
+    # __builtin_bit_cast needs an operand of src's exact size: char/short arithmetic is promoted to int
+    if dtypes.is_int(src) and src.itemsize < 4: x = f"(({self.render_dtype(src)}){x})"
     return f"__builtin_bit_cast({self.render_dtype(dst)}, {x})"
 
   # ***** tensor cores *****

@@ -258,6 +258,12 @@ class CStyleLanguage(Renderer):
     const = "" if writable else "const "
     return f"{self.buffer_prefix}{const}{self.render_dtype(dt)}*{self.buffer_suffix} {name}"
 
+  def render_var_param(self, name: str, dt: DType) -> str:
+    """A Variable parameter: arg_int_prefix, with its int spelled as dt when the Variable needs 64 bits."""
+    if dt == dtypes.int32: return f"{self.arg_int_prefix} {name}"
+    head, _, tail = self.arg_int_prefix.rpartition("int")
+    return f"{head}{self.render_dtype(dt)}{tail} {name}"
+
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
     head = "\n".join([*self.includes, *preamble])
     return f"{head}\n{self.kernel_prefix}void {name}({', '.join(params)}) {{\n" + "\n".join(body) + "\n}\n"
@@ -345,6 +351,11 @@ def _float_literal(val: float) -> str:
       if struct.pack("<f", float(s)) == want: break
     except OverflowError: continue  # rounded past the largest float
   return s if any(c in s for c in ".en") else s + ".0"
+
+# A Variable's name (any ASCII identifier) is spelled under VAR_PREFIX: no identifier kernopt emits starts with it,
+# so a name can't meet kernopt's own (ridx0, data0, acc0) or a dialect's keywords, macros and builtins (int, INFINITY).
+VAR_PREFIX = "v_"
+def var_name(expr: str) -> str: return VAR_PREFIX + expr
 
 _INLINABLE = frozenset((UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.VECTORIZE))
 # enum members as module constants for the emitter's dispatch: an attribute of an Enum class costs ~0.15 us on 3.11
@@ -452,8 +463,8 @@ class Emitter:
         bufs.append((idx, lang.render_param(bname, dt, writable)))
         r[u] = bname
       elif op is _DEFINE_VAR:
-        r[u] = u.arg.expr
-        variables[u.arg.expr] = f"{lang.arg_int_prefix} {u.arg.expr}"
+        r[u] = var_name(u.arg.expr)
+        variables[u.arg.expr] = lang.render_var_param(r[u], dtype_of(u))
       elif op is _DEFINE_LOCAL:
         r[u] = u.arg[0]
         self.line(lang.render_local(u.arg[0], dtype_of(u), u.arg[1]))

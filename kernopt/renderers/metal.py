@@ -59,6 +59,8 @@ class MetalRenderer(CStyleLanguage):
     return super().render_cast(x, src, dst)
 
   def bitcast_bits(self, x: str, src: DType, dst: DType) -> str:
+    # as_type needs an operand of src's exact size: char/short arithmetic is promoted to int, so cast it back first
+    if dtypes.is_int(src) and src.itemsize < 4: x = f"(({self.render_dtype(src)}){x})"
     return f"as_type<{self.render_dtype(dst)}>({x})"
 
   def f2i_helper(self, src: DType, dst: DType) -> str:

@@ -4,8 +4,10 @@ and splits the outermost non-reduce loop across threads (OpenMP, or a pthread po
 Every departure from the static C profile is listed in docs/cpu.md. Imports dtype, errors, helpers, uops, renderers."""
 from __future__ import annotations
 import functools
+import operator
 import os
 import platform
+from dataclasses import dataclass
 from typing import Any, Optional
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError
@@ -51,10 +53,66 @@ def host_has_fma(cpuinfo: str = "/proc/cpuinfo") -> bool:
 # inline-asm register class of the host's vector registers (None: loads are not pinned)
 _VECTOR_REG = {"x86_64": "x", "amd64": "x", "i686": "x", "aarch64": "w", "arm64": "w"}
 
+@dataclass(frozen=True)
+class IsaFacts:
+  """What the native profile knows of its target ISA: the C compiler's `-march`, fp32 lanes of one vector register,
+  whether multiply-add is fused in hardware, and the host flags a binary for it needs (else it dies of SIGILL)."""
+  march: str
+  vector_width: int
+  fma: bool
+  needs: frozenset[str] = frozenset()
+
+# CPU_MARCH levels, so one host can run the suite as an SSE4-, AVX2- or AVX-512-only host would
+ISA_LEVELS = {
+  "x86-64-v2": IsaFacts("x86-64-v2", 4, False, frozenset({"sse4_2", "popcnt"})),
+  "x86-64-v3": IsaFacts("x86-64-v3", 8, True, frozenset({"avx2", "fma", "bmi2"})),
+  "x86-64-v4": IsaFacts("x86-64-v4", 16, True, frozenset({"avx512f", "avx512bw", "avx512dq", "avx512vl"})),
+}
+
+def isa_facts(march: Optional[str] = None, cpuinfo: str = "/proc/cpuinfo") -> IsaFacts:
+  """The facts for `march` (default: the CPU_MARCH knob, else "native": the host's own ISA); a level the host cannot
+  run is an UnsupportedError naming the missing flags."""
+  march = march or getconfig().CPU_MARCH or "native"
+  if march == "native": return IsaFacts("native", host_vector_width(cpuinfo), host_has_fma(cpuinfo))
+  if (facts := ISA_LEVELS.get(march)) is None:
+    raise UnsupportedError(f"CPU_MARCH={march!r} is not one of {['native', *ISA_LEVELS]}")
+  if platform.machine().lower() not in ("x86_64", "amd64"):
+    raise UnsupportedError(f"CPU_MARCH={march!r} is an x86-64 level; this host is {platform.machine()}")
+  if missing := facts.needs - host_cpu_flags(cpuinfo):
+    raise UnsupportedError(f"CPU_MARCH={march!r} needs {sorted(missing)}, which this host lacks: its binaries would "
+                           f"stop with SIGILL")
+  return facts
+
 def host_threads() -> int:
   """The cores this process may run on."""
   try: return len(os.sched_getaffinity(0))
   except (AttributeError, OSError): return os.cpu_count() or 1
+
+MAX_THREADS = 256
+
+@functools.lru_cache(None)
+def thread_limit() -> int:
+  """The most worker threads a kernel may start: MAX_THREADS, or fewer when the OS allows fewer (threads-max, the
+  soft RLIMIT_NPROC)."""
+  limit = MAX_THREADS
+  try:
+    with open("/proc/sys/kernel/threads-max") as f: limit = min(limit, int(f.read()))
+  except (OSError, ValueError): pass
+  try:
+    import resource
+    soft = resource.getrlimit(resource.RLIMIT_NPROC)[0]
+    if soft != resource.RLIM_INFINITY and soft > 0: limit = min(limit, soft)
+  except (ImportError, AttributeError, OSError, ValueError): pass
+  return max(limit, 1)
+
+def _check_threads(n: Any) -> int:
+  if isinstance(n, bool) or not hasattr(type(n), "__index__"):
+    raise UnsupportedError(f"threads must be an int in [1, {MAX_THREADS}], got {type(n).__name__} {n!r}")
+  n, limit = operator.index(n), thread_limit()
+  if not 1 <= n <= limit:
+    why = "" if limit == MAX_THREADS else f" (this OS allows {limit} of the at most {MAX_THREADS})"
+    raise UnsupportedError(f"threads must be an int in [1, {limit}]{why}, got {n}")
+  return n
 
 class _NativeEmitter(Emitter):
   """The C emitter plus the packer's masked vector LOAD(buf, index, lane mask)."""
@@ -75,14 +133,21 @@ class NativeCRenderer(CRenderer):
   emitter = _NativeEmitter
 
   def __init__(self, vector_width: Optional[int] = None, threads: Optional[int] = None, parallel: str = "pthread",
-               min_parallel_work: int = MIN_PARALLEL_WORK, fused_accumulate: Optional[bool] = None):
-    if parallel not in PARALLEL_MODES:
+               min_parallel_work: int = MIN_PARALLEL_WORK, fused_accumulate: Optional[bool] = None,
+               march: Optional[str] = None, isa: Optional[IsaFacts] = None):
+    if type(parallel) is not str or parallel not in PARALLEL_MODES:
       raise UnsupportedError(f"parallel must be one of {PARALLEL_MODES}, got {parallel!r}")
-    self.vector_width = vector_width if vector_width is not None else host_vector_width()
-    if self.vector_width < 1 or self.vector_width & (self.vector_width - 1):
-      raise UnsupportedError(f"vector_width must be a power of two, got {self.vector_width}")
-    self.threads = threads if threads is not None else (getconfig().CPU_THREADS or host_threads())
-    if self.threads < 1: raise UnsupportedError(f"threads must be at least 1, got {self.threads}")
+    if type(min_parallel_work) is not int or min_parallel_work < 0:
+      raise UnsupportedError(f"min_parallel_work must be a non-negative int, got {min_parallel_work!r}")
+    if fused_accumulate is not None and type(fused_accumulate) is not bool:
+      raise UnsupportedError(f"fused_accumulate must be None or a bool, got {fused_accumulate!r}")
+    # `isa` renders for a target other than this host (no host check); else the facts of `march` on this host
+    self.isa = isa if isa is not None else isa_facts(march)
+    self.vector_width = vector_width if vector_width is not None else self.isa.vector_width
+    if type(self.vector_width) is not int or not 1 <= self.vector_width <= 64 or \
+       self.vector_width & (self.vector_width - 1):
+      raise UnsupportedError(f"vector_width must be a power of two in [1, 64], got {self.vector_width!r}")
+    self.threads = _check_threads(threads if threads is not None else (getconfig().CPU_THREADS or host_threads()))
     self.parallel = parallel if self.threads > 1 else "none"
     self.max_upcast = max(8, 2 * self.vector_width)
     self.schedule = "static"
@@ -98,7 +163,7 @@ class NativeCRenderer(CRenderer):
     # big elementwise outputs written with non-temporal stores (`streams`), fenced before the kernel returns
     self.stream_stores = True
     # a matmul's K x N SUM accumulates a*b in one rounding (MULACC), as BLAS does: one instruction instead of two
-    self.fused_accumulate = host_has_fma() if fused_accumulate is None else fused_accumulate
+    self.fused_accumulate = self.isa.fma if fused_accumulate is None else fused_accumulate
     self._loop: Optional[UOp] = None
     self._inner: Optional[UOp] = None   # the loop split together with _loop (collapsed_loop)
     self._flat = ""
@@ -107,7 +172,9 @@ class NativeCRenderer(CRenderer):
     self._block_var = ""
 
   def capabilities(self) -> dict[str, Any]:
-    return {**super().capabilities(), "vector_width": self.vector_width, "threads": self.threads,
+    return {**super().capabilities(), "march": self.isa.march, "isa_vector_width": self.isa.vector_width,
+            "vector_width": self.vector_width,
+            "threads": self.threads,
             "parallel": self.parallel, "min_parallel_work": self.min_parallel_work, "interchange": self.interchange,
             "pin_loads": self.pin_loads, "masked_loads": self.masked_loads, "reduce_block": self.reduce_block,
             "panel_elements": self.panel_elements, "fused_accumulate": self.fused_accumulate,
@@ -137,7 +204,7 @@ class NativeCRenderer(CRenderer):
     raise UnsupportedError(f"{self.dialect_name} has no vector {op.name}")
 
   def render_load(self, buf: str, idx: str, dt: DType, buf_dt: DType) -> str:
-    if dt.count == 1 or self.pin_loads is None: return super().render_load(buf, idx, dt, buf_dt)
+    if dt.count == 1 or not self._pinnable(dt): return super().render_load(buf, idx, dt, buf_dt)
     vt = self.render_dtype(dt)
     name = f"ko_vload_reg_{vt}"
     # the empty asm makes the value opaque: GCC can't re-read memory for each use (8 folded loads per 4x2 tile step
@@ -145,6 +212,11 @@ class NativeCRenderer(CRenderer):
     self.helper(name, f"static inline {vt} {name}(const void* p) {{ {vt} v; memcpy(&v, p, sizeof(v)); "
                       f"__asm__(\"\" : \"+{self.pin_loads}\"(v)); return v; }}")
     return f"{name}({buf}+{idx})"
+
+  def _pinnable(self, dt: DType) -> bool:
+    """Whether a dt vector fits one register of the target ISA, so the pinning asm's constraint can be met (a pinned
+    vector_width wider than the ISA's registers is split by the compiler, and is not pinned)."""
+    return self.pin_loads is not None and dt.count * dt.scalar().itemsize <= 4 * self.isa.vector_width
 
   # ***** threads *****
 
@@ -177,16 +249,17 @@ class NativeCRenderer(CRenderer):
 
   def render_range(self, u: UOp, var: str, start: str, end: str) -> list[str]:
     if self._blocked is not None and u is self._blocked[0]: self._block_var = var
+    it = self.render_dtype(u.dtype or dtypes.int32)   # int64_t where the lowerer found int32 indices not enough
     if self._blocked is not None and u is self._blocked[1]:
       steps = self._blocked[2]
-      return [f"for (int32_t {var} = {self._block_var}*{steps}; {var} < {self._block_var}*{steps} + {steps}; "
+      return [f"for ({it} {var} = {self._block_var}*{steps}; {var} < {self._block_var}*{steps} + {steps}; "
               f"{var}++) {{"]
     if u is self._inner:
-      return [f"{{ int32_t {var} = (int32_t)({start}) + (int32_t)({self._flat} % (int64_t)(({end}) - ({start})));"]
+      return [f"{{ {it} {var} = ({it})({start}) + ({it})({self._flat} % (int64_t)(({end}) - ({start})));"]
     if u is not self._loop: return super().render_range(u, var, start, end)
     if self.parallel == "openmp":
       return [f"#pragma omp parallel for schedule({self.schedule}) num_threads({self.threads})",
-              f"for (int32_t {var} = {start}; {var} < {end}; {var}++) {{"]
+              f"for ({it} {var} = {start}; {var} < {end}; {var}++) {{"]
     # pthread pool: workers (and the launching thread) claim chunks of iterations until none is left
     n, c, chunk = f"{var}_n", f"{var}_c", f"{var}_chunk"
     if self._inner is not None:
@@ -196,11 +269,11 @@ class NativeCRenderer(CRenderer):
               f"int64_t {chunk} = ({n} + {self.chunks - 1}) / {self.chunks};",
               f"for (int {c} = ko_claim(ko_ctx); {c} >= 0; {c} = ko_claim(ko_ctx)) "
               f"for (int64_t {f} = {c}*{chunk}; {f} < {n} && {f} < ({c}+1)*{chunk}; {f}++) {{ "
-              f"int32_t {var} = (int32_t)({start}) + (int32_t)({f} / {m});"]
+              f"{it} {var} = ({it})({start}) + ({it})({f} / {m});"]
     return [f"int64_t {n} = (int64_t)({end}) - (int64_t)({start});",
             f"int64_t {chunk} = ({n} + {self.chunks - 1}) / {self.chunks};",
             f"for (int {c} = ko_claim(ko_ctx); {c} >= 0; {c} = ko_claim(ko_ctx)) "
-            f"for (int32_t {var} = (int32_t)({start} + {c}*{chunk}); "
+            f"for ({it} {var} = ({it})({start} + {c}*{chunk}); "
             f"{var} < {end} && {var} < {start} + ({c}+1)*{chunk}; {var}++) {{"]
 
   @property
@@ -232,7 +305,7 @@ class NativeCRenderer(CRenderer):
     elsewhere): one vector load when every lane is open (a padded conv's interior), else lane by lane."""
     vt, st, n = self.render_dtype(dt), self.render_dtype(dt.scalar()), dt.count
     name = f"ko_mload_{vt}"
-    pin = f' __asm__("" : "+{self.pin_loads}"(v));' if self.pin_loads else ""
+    pin = f' __asm__("" : "+{self.pin_loads}"(v));' if self._pinnable(dt) else ""
     self.helper(name, f"static inline {vt} {name}(const {st}* b, int32_t i, int32_t m) {{ {vt} v; "
                       f"if (m == {(1 << n) - 1}) {{ memcpy(&v, b + i, sizeof(v));{pin} return v; }} "
                       f"for (int l = 0; l < {n}; l++) v[l] = (m >> l) & 1 ? b[i + l] : 0.0f; return v; }}")
@@ -287,8 +360,10 @@ def _fma_helper(name: str, vt: str, n: int) -> str:
 # a thread pool per shared object: workers sleep on a condition variable between launches; a launch publishes a job
 # under a new generation, runs chunks itself and waits only for chunks other workers have claimed, never for a
 # worker that has not woken (on a busy machine the launching thread may do all the work). Claims carry the
-# generation, so a late worker can't take a chunk of a later launch.
-_POOL = """typedef struct { long long gen; int have; } ko_ctx_t;
+# generation, so a late worker can't take a chunk of a later launch. A worker claims its first chunk before it runs
+# the job and reports that chunk only after the job returns: the job's code before the loop (hoisted loads) and after
+# it reads the launcher's arguments, which live only until the launch has every chunk reported.
+_POOL = """typedef struct { long long gen; int have, first; } ko_ctx_t;
 typedef struct { void (*fn)(void*, ko_ctx_t*); void* args; } ko_job_t;
 static pthread_mutex_t ko_mu = PTHREAD_MUTEX_INITIALIZER, ko_launch_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ko_cv = PTHREAD_COND_INITIALIZER;
@@ -310,16 +385,22 @@ static int ko_done, ko_workers;
 #else
 #define ko_pause() __asm__ __volatile__("" ::: "memory")
 #endif
-static int ko_claim(ko_ctx_t* c) {
-  if (c->have) { KO_FENCE if (__atomic_add_fetch(&ko_done, 1, __ATOMIC_SEQ_CST) == KO_CHUNKS) ko_wake(&ko_done); }
-  c->have = 0;
+static int ko_take(long long gen) {
   long long s = __atomic_load_n(&ko_state, __ATOMIC_ACQUIRE);
-  while ((s >> 24) == c->gen && (s & 0xFFFFFF) < KO_CHUNKS)
-    if (__atomic_compare_exchange_n(&ko_state, &s, s + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
-      c->have = 1;
+  while ((s >> 24) == gen && (s & 0xFFFFFF) < KO_CHUNKS)
+    if (__atomic_compare_exchange_n(&ko_state, &s, s + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
       return (int)(s & 0xFFFFFF);
-    }
   return -1;
+}
+static void ko_report(void) {
+  KO_FENCE if (__atomic_add_fetch(&ko_done, 1, __ATOMIC_SEQ_CST) == KO_CHUNKS) ko_wake(&ko_done);
+}
+static int ko_claim(ko_ctx_t* c) {
+  if (c->first >= 0) { int k = c->first; c->first = -1; return k; }
+  if (c->have) ko_report();
+  int k = ko_take(c->gen);
+  c->have = k >= 0;
+  return k;
 }
 static void* ko_worker(void* unused) {
   long long seen = 0;
@@ -329,8 +410,10 @@ static void* ko_worker(void* unused) {
     seen = ko_gen;
     ko_job_t job = ko_job;
     pthread_mutex_unlock(&ko_mu);
-    ko_ctx_t c = {seen, 0};
+    ko_ctx_t c = {seen, 0, ko_take(seen)};
+    if (c.first < 0) continue;
     job.fn(job.args, &c);
+    ko_report();
   }
   return unused;
 }
@@ -348,7 +431,7 @@ static void ko_launch(void (*fn)(void*, ko_ctx_t*), void* args) {
   __atomic_store_n(&ko_state, ko_gen << 24, __ATOMIC_RELEASE);
   pthread_cond_broadcast(&ko_cv);
   pthread_mutex_unlock(&ko_mu);
-  ko_ctx_t c = {ko_gen, 0};
+  ko_ctx_t c = {ko_gen, 0, -1};
   fn(args, &c);
   int d;
   for (int spin = 0; (d = __atomic_load_n(&ko_done, __ATOMIC_ACQUIRE)) < KO_CHUNKS; spin++)

@@ -209,7 +209,8 @@ class OpenCLRenderer(CStyleLanguage):
       return f"as_{self.render_dtype(dst)}({x})"
     if dst == dtypes.bool: return f"({x}!=0)"
     if src == dtypes.bool: return f"(({self.render_dtype(dst)}){x})"
-    bits = self.to_storage(x, src) if src in self.storage_floats else x
+    # as_<type> needs an operand of src's exact size: char/short arithmetic is promoted to int, so cast it back first
+    bits = self.to_storage(x, src) if src in self.storage_floats else f"(({self.render_dtype(src)}){x})"
     if dst in self.storage_floats:
       return self.from_storage(f"as_ushort({bits})" if src not in self.storage_floats else bits, dst)
     return f"as_{self.render_dtype(dst)}({bits})"

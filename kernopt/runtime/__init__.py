@@ -1,11 +1,11 @@
 """Devices: the registry, `Buffer`, and the compile-then-launch contract every backend implements.
 numpy is used here and below; device drivers are imported lazily, inside the device that needs them."""
 from __future__ import annotations
-import hashlib, importlib, time
-from typing import Any, Optional
+import hashlib, importlib, inspect, operator, time
+from typing import Any, Mapping, Optional
 import numpy as np
 from kernopt import __version__
-from kernopt.dtype import DType, ImageDType, dtypes
+from kernopt.dtype import DType, ImageDType, dtypes, storage_dtype_error
 from kernopt.errors import KernoptError, LaunchError, UnsupportedError
 from kernopt.helpers import getconfig
 from kernopt.renderers import Program, Renderer
@@ -21,6 +21,7 @@ class Compiled:
   """A device: an allocator, a compiler and a launcher. Subclasses implement the underscored methods."""
   name: str = ""
   options: dict[str, Any] = {}   # what Device.open was given, so other processes can open the same device
+  interprets_uops = False        # runs Program.uops itself (PYTHON): its Programs can't come from the program cache
 
   def __init__(self) -> None:
     self.renderer: Renderer = self._make_renderer()
@@ -33,12 +34,17 @@ class Compiled:
   def _copyout(self, dst: np.ndarray, handle: Any) -> None: raise NotImplementedError
   def _free(self, handle: Any) -> None:
     """Release a buffer's memory; devices whose handles are garbage-collected need not override it."""
+  def _wrap(self, ptr: Any, nbytes: int) -> Any:
+    """The handle of nbytes at ptr, allocated elsewhere (Buffer.from_device_pointer)."""
+    raise UnsupportedError(f"{self.name} cannot wrap memory allocated elsewhere")
   def _compile(self, program: Program) -> Any:
     """Build program.src; return whatever _launch needs. Raise CompileError with the compiler's log."""
     raise NotImplementedError
   def _launch(self, lib: Any, program: Program, handles: list[Any], var_vals: list[int],
               global_size: Optional[tuple[int, ...]], local_size: Optional[tuple[int, ...]],
               wait: bool) -> Optional[float]:
+    """Run lib: handles are the buffers of program.used_args (in index order), var_vals those of program.vars,
+    each passed as its program.var_args dtype."""
     raise NotImplementedError
   def synchronize(self) -> None: pass
   def compiler_id(self) -> str:
@@ -47,8 +53,11 @@ class Compiled:
 
   # -- shared --
   def compile(self, program: Program) -> CompiledRunner:
-    """A runner for program, compiled once per (source, compiler) in this process; devices also cache on disk."""
-    key = (program.src, program.name, program.global_size, program.local_size)
+    """A runner for program, compiled once per whole Program in this process (source, signature, launch dims,
+    variables and their ranges: a runner never checks a launch against another program's signature); devices also
+    cache binaries on disk."""
+    key = (program.src, program.name, program.device, program.global_size, program.local_size, program.args,
+           tuple((v.expr, v.min, v.max) for v in program.vars), getattr(program, "var_args", ()))
     if (runner := self._runners.get(key)) is None:
       runner = self._runners[key] = CompiledRunner(self, program, self._compile(program))
     return runner
@@ -64,46 +73,89 @@ class CompiledRunner:
   def __call__(self, *buffers: Buffer, var_vals: Optional[dict[Any, int]] = None,
                wait: bool = False) -> Optional[float]:
     """Launch with buffers in MemBuffer index order; returns the kernel's seconds when wait=True."""
+    if var_vals is not None and not isinstance(var_vals, Mapping):
+      raise LaunchError(f"{self.program.name}: var_vals must be a dict of Variable or name -> int, got "
+                        f"{type(var_vals).__name__}")
+    if not isinstance(wait, (bool, np.bool_)):
+      raise LaunchError(f"{self.program.name}: wait must be a bool, got {type(wait).__name__} {wait!r}")
     vals = self._check(buffers, var_vals or {})
     gsz, lsz = self.program.launch_dims(vals)
-    ordered = [v for v in self.program.vars]
-    ret = self.device._launch(self.lib, self.program, [b._handle for b in buffers], [vals[v] for v in ordered],
-                              gsz, lsz, wait)
-    return ret
+    # by index: the source's buffer parameters are the used args only, in index order
+    handles = [b._handle for a, b in zip(self.program.args, buffers) if a.used]
+    return self.device._launch(self.lib, self.program, handles, [vals[v] for v in self.program.vars], gsz, lsz, wait)
 
   def _check(self, buffers: tuple[Buffer, ...], var_vals: dict[Any, int]) -> dict[Any, int]:
-    from kernopt.shape.symbolic import sym_infer
+    """The program's Variables -> their values, after checking every buffer (device, dtype, size where used), that
+    no written buffer is passed for two indices, and every value (an int in the Variable's range); var_vals keys are
+    Variables or names, and the ones the program doesn't take are ignored."""
+    from kernopt.shape.symbolic import Variable, sym_infer
     prg = self.program
     if len(buffers) != len(prg.args):
       raise LaunchError(f"{prg.name} takes {len(prg.args)} buffers (indices {[a.idx for a in prg.args]}), "
                         f"got {len(buffers)}")
-    by_name = {(k.expr if hasattr(k, "expr") else k): v for k, v in var_vals.items()}
+    by_name: dict[str, Any] = {}
+    for k, val in var_vals.items():
+      if not isinstance(k, (str, Variable)):
+        raise LaunchError(f"{prg.name}: a var_vals key must be a Variable or its name, got {type(k).__name__} {k!r}")
+      name = k.expr if isinstance(k, Variable) else k
+      if name in by_name and by_name[name] != val:
+        raise LaunchError(f"{prg.name}: variable {name!r} is given twice, {by_name[name]!r} and {val!r}")
+      by_name[name] = val
     vals: dict[Any, int] = {}
     for v in prg.vars:
       if v.expr not in by_name: raise LaunchError(f"{prg.name} needs a value for variable {v.expr!r}")
       val = by_name[v.expr]
-      if not isinstance(val, int) or not v.min <= val <= v.max:
+      if isinstance(val, (bool, np.bool_)) or not isinstance(val, (int, np.integer)):
+        raise LaunchError(f"{prg.name}: variable {v.expr} must be an int, got {type(val).__name__} {val!r}")
+      if not v.min <= int(val) <= v.max:
         raise LaunchError(f"{prg.name}: variable {v.expr}={val!r} is outside [{v.min}, {v.max}]")
-      vals[v] = val
+      vals[v] = int(val)
+    seen: dict[int, Any] = {}
     for arg, buf in zip(prg.args, buffers):
       if not isinstance(buf, Buffer): raise LaunchError(f"{prg.name}: argument {arg.idx} is not a Buffer: {buf!r}")
       if buf.device != self.device.name:
         raise LaunchError(f"{prg.name}: buffer {arg.idx} lives on {buf.device}, the kernel on {self.device.name}")
       if buf.dtype != arg.dtype:
         raise LaunchError(f"{prg.name}: buffer {arg.idx} has dtype {buf.dtype}, the kernel expects {arg.dtype}")
+      if not arg.used: continue   # never read: no size to check, and no alias that matters
       need = sym_infer(arg.min_size, vals)
       if buf.size < need:
         raise LaunchError(f"{prg.name}: buffer {arg.idx} holds {buf.size} elements, the kernel addresses {need}")
+      # every pointer parameter is restrict: a written buffer may not be another parameter too
+      if (other := seen.get(id(buf))) is not None and (arg.writable or other.writable):
+        raise LaunchError(f"{prg.name}: the same Buffer is passed as buffers {other.idx} and {arg.idx}, and "
+                          f"{other.idx if other.writable else arg.idx} is written (in-place kernels are not supported)")
+      seen[id(buf)] = arg
     return vals
 
 class Buffer:
-  """`size` elements of `dtype` on a device. `copyin(array)` and `numpy()` move data through numpy."""
-  def __init__(self, device: str, size: int, dtype: DType):
-    if not isinstance(size, int) or size < 0: raise LaunchError(f"Buffer size must be a non-negative int, got {size!r}")
-    self.dev = Device[device]
+  """`size` elements of `dtype` on a device (a name, or an opened device). `copyin(array)` and `numpy()` move data
+  through numpy."""
+  _owner: Any = None   # what keeps wrapped memory alive (from_device_pointer); such memory is never freed here
+
+  def __init__(self, device: str | Compiled, size: int, dtype: DType, _wrap: Optional[tuple[Any, Any]] = None):
+    if type(size) is not int:
+      if isinstance(size, bool) or not hasattr(type(size), "__index__"):
+        raise LaunchError(f"Buffer size must be a non-negative int, got {type(size).__name__} {size!r}")
+      size = operator.index(size)
+    if not 0 <= size < 1 << 48: raise LaunchError(f"Buffer size must be an int in [0, 2**48), got {size}")
+    if (why := storage_dtype_error(dtype)) is not None: raise LaunchError(f"Buffer dtype: {why}")
+    if not isinstance(device, (str, Compiled)):
+      raise UnsupportedError(f"Buffer device must be a device name or an opened device, got {type(device).__name__}")
+    self.dev = device if isinstance(device, Compiled) else Device[device]
     self.device, self.size, self.dtype = self.dev.name, size, dtype
     self.nbytes = size * (dtype.itemsize if not isinstance(dtype, ImageDType) else dtype.base.itemsize)
-    self._handle = self.dev._alloc(self.nbytes, dtype)
+    if _wrap is None:
+      try: self._handle = self.dev._alloc(self.nbytes, dtype)
+      except MemoryError:
+        raise LaunchError(f"cannot allocate a Buffer of {self.nbytes} bytes on {self.device}") from None
+    else: self._handle, self._owner = self.dev._wrap(_wrap[0], self.nbytes), _wrap
+
+  @classmethod
+  def from_device_pointer(cls, device: str | Compiled, ptr: Any, size: int, dtype: DType, owner: Any = None) -> Buffer:
+    """A Buffer over `size` elements at ptr, memory allocated elsewhere (a device address, or the driver's allocation
+    object): no copy is made, kernopt never frees it, and the Buffer keeps ptr and owner alive."""
+    return cls(device, size, dtype, _wrap=(ptr, owner))
 
   def copyin(self, src: Any) -> Buffer:
     arr = np.ascontiguousarray(src).reshape(-1)
@@ -118,7 +170,7 @@ class Buffer:
     return out
 
   def __del__(self) -> None:
-    if (handle := getattr(self, "_handle", None)) is not None: self.dev._free(handle)
+    if (handle := getattr(self, "_handle", None)) is not None and self._owner is None: self.dev._free(handle)
 
   def __repr__(self) -> str: return f"Buffer({self.device!r}, {self.size}, {self.dtype})"
 
@@ -133,11 +185,19 @@ class _DeviceRegistry:
   def __init__(self) -> None: self._open: dict[tuple, Compiled] = {}
 
   def open(self, name: str, **options: Any) -> Compiled:
+    if not isinstance(name, str): raise UnsupportedError(f"a device name is a str, got {type(name).__name__} {name!r}")
     name = name.upper()
-    key = (name, tuple(sorted(options.items())))
+    # a list option (extra_flags=[...]) means its tuple; anything else unhashable can't name a device
+    options = {k: tuple(v) if type(v) is list else v for k, v in options.items()}
+    try: hash(key := (name, tuple(sorted(options.items()))))
+    except TypeError:
+      bad = [k for k, v in options.items() if getattr(type(v), "__hash__", None) is None]
+      raise UnsupportedError(f"device {name} options must be hashable values: {bad or sorted(options)}") from None
     if (dev := self._open.get(key)) is None:
       if name not in _DEVICES: raise UnsupportedError(f"unknown device {name!r}; known: {sorted(_DEVICES)}")
       module = importlib.import_module(_DEVICES[name])
+      try: inspect.signature(module.DEVICE_CLASS).bind(**options)
+      except TypeError as e: raise UnsupportedError(f"device {name} does not take these options: {e}") from None
       dev = self._open[key] = module.DEVICE_CLASS(**options)
       dev.options = dict(options)
     return dev
@@ -152,14 +212,15 @@ class _DeviceRegistry:
 
   def available(self) -> list[str]:
     """Names of the devices that can compile and run kernels on this machine."""
-    ret = []
-    for name in _DEVICES:
-      try:
-        module = importlib.import_module(_DEVICES[name])
-        ok, _ = module.DEVICE_CLASS.availability()
-      except (ImportError, KernoptError, AttributeError): ok = False
-      if ok: ret.append(name)
-    return ret
+    return [name for name in _DEVICES if self.why_unavailable(name) is None]
+
+  def why_unavailable(self, name: str) -> Optional[str]:
+    """Why device `name` is not in `available()`, or None when it is."""
+    if (name := name.upper()) not in _DEVICES: return f"unknown device {name!r}; known: {sorted(_DEVICES)}"
+    try:
+      ok, why = importlib.import_module(_DEVICES[name]).DEVICE_CLASS.availability()
+    except (ImportError, KernoptError, AttributeError) as e: ok, why = False, f"{type(e).__name__}: {e}"
+    return None if ok else (why or f"{name} is not available")
 
 Device = _DeviceRegistry()
 

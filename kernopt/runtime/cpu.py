@@ -1,13 +1,15 @@
 """The CPU device: C source from the native profile `NativeCRenderer` (or the static `CRenderer`), compiled by the
-system C compiler (clang, else gcc) into a shared object cached on disk, loaded with ctypes. Flags: -O2
--march=native (when accepted) -fPIC -shared -std=gnu11 -ffp-contract=off -fno-math-errno, plus -pthread
+system C compiler (clang, else gcc) into a shared object cached on disk, its sha256 checked before ctypes loads it.
+Flags: -O2 -march=native (when accepted) -fPIC -shared -std=gnu11 -ffp-contract=off -fno-math-errno, plus -pthread
 -funroll-loops on the native profile (and -fopenmp when asked for and accepted); never -ffast-math, so NaN,
 infinities and IEEE rounding match the op table. The thread count is rendered into the source, so it is part of the
 binary cache key."""
 from __future__ import annotations
 import ctypes
 import functools
+import hashlib
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -16,18 +18,21 @@ import time
 from typing import Any, Optional
 import numpy as np
 from kernopt import __version__
-from kernopt.dtype import DType
+from kernopt.dtype import DType, dtypes
 from kernopt.errors import CompileError, LaunchError, UnsupportedError
-from kernopt.helpers import diskcache_get, diskcache_put, getconfig
+from kernopt.helpers import (cache_subdir, count, cache_tmp, diskcache_get, diskcache_put, getconfig, record_binary,
+                             remove_stale_tmp, verified_binary)
 from kernopt.renderers import Program, Renderer
 from kernopt.renderers.cstyle import CRenderer
-from kernopt.renderers.native import NativeCRenderer
+from kernopt.renderers.native import NativeCRenderer, isa_facts
 from kernopt.runtime import Compiled
 
 BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno")
 # native profile only: -funroll-loops unrolls the register tile's reduce loop (4x2 matmul tile, 1 thread, same process:
 # 1024^3 29 -> 35 GF/s, 512^3 35 -> 42 GF/s; -O3 measured no faster than -O2)
 NATIVE_FLAGS = ("-pthread", "-funroll-loops")
+# a Variable parameter's C type, by its width in the signature
+_CTYPES = {dtypes.int32: ctypes.c_int32, dtypes.int64: ctypes.c_int64}
 # every compiler process this module started, by purpose (tests read it to prove a cache hit)
 compiler_calls: dict[str, int] = {"compile": 0, "probe": 0}
 
@@ -41,6 +46,7 @@ def _run(cmd: list[str], purpose: str, stdin: str = "", timeout: Optional[float]
   """cmd's result; past `timeout` its whole process group (the driver and cc1 alike) is killed and TimeoutExpired
   raised."""
   compiler_calls[purpose] += 1
+  if purpose == "compile": count("compiles")
   with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                         start_new_session=timeout is not None) as p:
     try: out, err = p.communicate(stdin, timeout=timeout)
@@ -51,11 +57,28 @@ def _run(cmd: list[str], purpose: str, stdin: str = "", timeout: Optional[float]
   return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 @functools.lru_cache(None)
+def host_cpu_id() -> str:
+  """A digest naming this host's CPU: the machine and /proc/cpuinfo's vendor, model and feature flags (elsewhere,
+  platform.processor()). Part of the probe and binary cache keys, so hosts sharing a cache directory never share a
+  -march=native result."""
+  keys = ("vendor_id", "cpu family", "model", "model name", "flags", "CPU implementer", "CPU part", "Features")
+  found: dict[str, str] = {}
+  try:
+    with open("/proc/cpuinfo") as f:
+      for ln in f:
+        k, _, v = ln.partition(":")
+        if k.strip() in keys: found.setdefault(k.strip(), " ".join(v.split()))
+  except OSError: found["processor"] = platform.processor()
+  return _sha("\n".join([platform.machine(), *(f"{k}={v}" for k, v in sorted(found.items()))]).encode())[:16]
+
+def _sha(data: bytes) -> str: return hashlib.sha256(data).hexdigest()
+
+@functools.lru_cache(None)
 def toolchain(cc: str) -> tuple[str, tuple[str, ...], str]:
   """(version line, whether -march=native is accepted as flags, target ISA) of compiler cc, probed once per
   compiler binary (cached on disk by path, size and mtime)."""
   st = os.stat(cc)
-  key = ("cpu_toolchain", cc, st.st_size, st.st_mtime_ns, __version__)
+  key = ("cpu_toolchain", cc, st.st_size, st.st_mtime_ns, __version__, host_cpu_id())
   if (hit := diskcache_get("cpu_toolchain", key)) is not None: return hit
   version = _run([cc, "--version"], "probe").stdout.splitlines()[0:1]
   native = _run([cc, "-march=native", "-x", "c", "-fsyntax-only", "-"], "probe", "int x;").returncode == 0
@@ -71,10 +94,23 @@ def toolchain(cc: str) -> tuple[str, tuple[str, ...], str]:
   return diskcache_put("cpu_toolchain", key, ret)
 
 @functools.lru_cache(None)
+def march_flags(cc: str, march: str) -> tuple[str, ...]:
+  """("-march=<march>",) for an ISA level of CPU_MARCH (renderers.native.ISA_LEVELS) that cc accepts (gcc >= 11,
+  clang >= 12), else UnsupportedError; "native" is toolchain()'s probe."""
+  if march == "native": return toolchain(cc)[1]
+  st = os.stat(cc)
+  key = ("cpu_march", cc, st.st_size, st.st_mtime_ns, march, __version__)
+  if (ok := diskcache_get("cpu_toolchain", key)) is None:
+    ok = _run([cc, f"-march={march}", "-x", "c", "-fsyntax-only", "-"], "probe", "int x;").returncode == 0
+    diskcache_put("cpu_toolchain", key, ok)
+  if not ok: raise UnsupportedError(f"{cc} does not accept -march={march} (CPU_MARCH)")
+  return (f"-march={march}",)
+
+@functools.lru_cache(None)
 def openmp_flags(cc: str) -> tuple[str, ...]:
   """("-fopenmp",) if cc builds and links an OpenMP shared object, else () (cached on disk like toolchain)."""
   st = os.stat(cc)
-  key = ("cpu_openmp", cc, st.st_size, st.st_mtime_ns, __version__)
+  key = ("cpu_openmp", cc, st.st_size, st.st_mtime_ns, __version__, host_cpu_id())
   if (hit := diskcache_get("cpu_toolchain", key)) is not None: return hit
   with tempfile.TemporaryDirectory(prefix="kernopt_omp_") as d:
     src = "void f(int* x) {\n#pragma omp parallel for\nfor (int i = 0; i < 4; i++) x[i] = i;\n}\n"
@@ -87,18 +123,21 @@ class CPUDevice(Compiled):
   `profile` is "native" (NativeCRenderer for this host: `threads` (default CPU_THREADS, else the usable cores),
   `parallel` "pthread" (default) | "openmp" | "none", `vector_width` (default from the ISA), `min_parallel_work`,
   `fused_accumulate` (default: the host has FMA)) or
-  "static" (the spec's CRenderer).
+  "static" (the spec's CRenderer). `march` (default: the CPU_MARCH knob, else "native") sets the compiler's -march and
+  the native profile's ISA facts (vector width, FMA) together.
   `extra_flags` are appended to the compiler command."""
   name = "CPU"
 
   def __init__(self, extra_flags: tuple[str, ...] = (), profile: str = "native", threads: Optional[int] = None,
                parallel: Optional[str] = None, vector_width: Optional[int] = None,
-               min_parallel_work: Optional[int] = None, fused_accumulate: Optional[bool] = None):
+               min_parallel_work: Optional[int] = None, fused_accumulate: Optional[bool] = None,
+               march: Optional[str] = None):
     if profile not in ("native", "static"): raise UnsupportedError(f"CPU profile must be native or static: {profile!r}")
     self.extra_flags = tuple(extra_flags)
     self.profile, self._threads, self._parallel, self._vector_width = profile, threads, parallel, vector_width
     self._min_work = min_parallel_work
     self._fused = fused_accumulate
+    self.isa = isa_facts(march)   # CPU_MARCH: -march and the native profile's ISA facts together
     self._cc: Optional[str] = None
     super().__init__()
 
@@ -112,7 +151,7 @@ class CPUDevice(Compiled):
     if parallel == "openmp" and find_compiler() is not None and not openmp_flags(self.cc): parallel = "pthread"
     kw = {} if self._min_work is None else {"min_parallel_work": self._min_work}
     return NativeCRenderer(vector_width=self._vector_width, threads=self._threads, parallel=parallel,
-                           fused_accumulate=self._fused, **kw)
+                           fused_accumulate=self._fused, march=self.isa.march, **kw)
 
   @property
   def cc(self) -> str:
@@ -124,7 +163,7 @@ class CPUDevice(Compiled):
   def flags(self) -> tuple[str, ...]:
     native = NATIVE_FLAGS + (openmp_flags(self.cc) if self.renderer.parallel == "openmp" else ()) \
       if self.profile == "native" else ()
-    return BASE_FLAGS + toolchain(self.cc)[1] + native + self.extra_flags
+    return BASE_FLAGS + march_flags(self.cc, self.isa.march) + native + self.extra_flags
 
   def compiler_id(self) -> str:
     version, _, isa = toolchain(self.cc)
@@ -141,41 +180,63 @@ class CPUDevice(Compiled):
 
   # -- compile and launch --
   def so_path(self, src: str) -> str:
-    """Where the shared object of src lives in the on-disk cache."""
-    return os.path.join(getconfig().cache_dir, "cpu", self.cache_key(src) + ".so")
+    """Where the shared object of src lives in the on-disk cache (its key also names this host's CPU)."""
+    key = hashlib.sha256(f"{self.cache_key(src)}\0{host_cpu_id()}".encode()).hexdigest()
+    return os.path.join(getconfig().cache_dir, "cpu", key + ".so")
 
   def _compile(self, program: Program) -> Any:
     if program.global_size is not None or program.local_size is not None:
       raise UnsupportedError(f"{program.name}: the CPU device runs no threads, but the program has "
                              f"global_size={program.global_size}, local_size={program.local_size}")
-    path = self.so_path(program.src)
-    if getconfig().DISABLE_CACHE or not os.path.exists(path):
-      path = self._build(program.src, path, program.name)
-    lib = ctypes.CDLL(path)
-    if getconfig().DISABLE_CACHE:  # the loaded mapping outlives the file
-      os.unlink(path)
-      os.rmdir(os.path.dirname(path))
+    lib = self._load(program.src, program.name)
     try: fn = getattr(lib, program.name)
     except AttributeError: raise CompileError(f"{program.name} is not defined by its source", "", program.src) from None
-    fn.argtypes = [ctypes.c_void_p] * len(program.args) + [ctypes.c_int] * len(program.vars)
+    fn.argtypes = [ctypes.c_void_p] * len(program.used_args) + [_CTYPES[a.dtype] for a in program.var_args]
     fn.restype = None
     return fn
 
-  def _build(self, src: str, path: str, name: str) -> str:
-    folder = os.path.dirname(path) if not getconfig().DISABLE_CACHE else tempfile.mkdtemp(prefix="kernopt_cpu_")
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so.tmp", dir=folder)
-    os.close(fd)
+  def _load(self, src: str, name: str) -> ctypes.CDLL:
+    """The loaded shared object of src. From the disk cache only when the cache's record of it (the sha256 of the
+    source and of the binary) matches, checked before loading (a truncated file mapped in dies with SIGBUS); a
+    mismatch or a load error rebuilds once, a second failure is a CompileError. Without a usable cache (DISABLE_CACHE,
+    an unfit directory) the binary is built in a private temporary directory and removed once loaded."""
+    folder = None if getconfig().DISABLE_CACHE else cache_subdir("cpu")
+    if folder is None:
+      with tempfile.TemporaryDirectory(prefix="kernopt_cpu_") as d:   # the loaded mapping outlives the file
+        return self._cdll(self._build(src, os.path.join(d, "k.so"), name, record=False), name, src)
+    path = os.path.join(folder, os.path.basename(self.so_path(src)))
+    if verified_binary("cpu_binary", path, src) is not None:
+      try:
+        lib = ctypes.CDLL(path)
+        count("binary_hits")
+        return lib
+      except OSError: pass   # a binary for another host or libc: rebuilt below
+    self._build(src, path, name)
+    return self._cdll(path, name, src)
+
+  @staticmethod
+  def _cdll(path: str, name: str, src: str) -> ctypes.CDLL:
+    try: return ctypes.CDLL(path)
+    except OSError as e: raise CompileError(f"the shared object built for {name} does not load: {e}", "", src) from None
+
+  def _build(self, src: str, path: str, name: str, record: bool = True) -> str:
+    """Compile src to a temporary file beside path, rename it over path and (with record) keep its digests in the
+    disk cache; returns path."""
+    folder = os.path.dirname(path)
+    remove_stale_tmp(folder)
+    tmp = cache_tmp(path)
     try:
       limit = getconfig().COMPILE_TIMEOUT or None
       try: out = _run([self.cc, *self.flags(), "-x", "c", "-", "-o", tmp, "-lm"], "compile", src, limit)
       except subprocess.TimeoutExpired:   # subprocess.run has killed the compiler
         raise CompileError(f"{self.cc} took over {limit:g} s (COMPILE_TIMEOUT) to compile {name}", "", src) from None
       if out.returncode != 0: raise CompileError(f"{self.cc} failed to compile {name}", out.stderr, src)
-      if getconfig().DISABLE_CACHE: return tmp
+      with open(tmp, "rb") as f: binary = f.read()
+      if not binary: raise CompileError(f"{self.cc} wrote an empty shared object for {name}", out.stderr, src)
       os.replace(tmp, path)  # atomic: a parallel process sees either no file or a complete one
+      if record: record_binary("cpu_binary", path, src, binary)
     finally:
-      if os.path.exists(tmp) and not getconfig().DISABLE_CACHE: os.unlink(tmp)
+      if os.path.exists(tmp): os.unlink(tmp)
     return path
 
   def _launch(self, lib: Any, program: Program, handles: list[Any], var_vals: list[int],
@@ -183,7 +244,8 @@ class CPUDevice(Compiled):
               wait: bool) -> Optional[float]:
     if global_size is not None or local_size is not None:
       raise LaunchError(f"{program.name}: the CPU device takes no global/local sizes")
-    args = [ctypes.c_void_p(h.ctypes.data) for h in handles] + [ctypes.c_int(v) for v in var_vals]
+    args = [ctypes.c_void_p(h.ctypes.data) for h in handles] + \
+      [_CTYPES[a.dtype](v) for a, v in zip(program.var_args, var_vals)]
     st = time.perf_counter()
     lib(*args)
     return time.perf_counter() - st if wait else None

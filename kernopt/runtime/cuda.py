@@ -1,8 +1,10 @@
 """The CUDA device: CUDA C++ from `CUDARenderer`, compiled to a cubin by NVRTC (cuda-python's cuda.bindings.nvrtc)
-when importable, else by nvcc; launched through the driver API of cuda-python (cuda.bindings.driver). Both are
-imported lazily: rendering and `compile_cuda` work on a machine without a GPU. Flags keep IEEE semantics
-(--fmad=false: no contraction of a*b+c, as ops.exec_alu and the CPU device's -ffp-contract=off)."""
+when importable, else by nvcc; launched through a `CUDADriver`: pycuda (`pycuda.driver`) when it works, else
+cuda-python (`cuda.bindings.driver`). Every binding is imported lazily: rendering and `compile_cuda` work on a machine
+without a GPU. Flags keep IEEE semantics (--fmad=false: no contraction of a*b+c, as ops.exec_alu and the CPU device's
+-ffp-contract=off)."""
 from __future__ import annotations
+import contextlib
 import ctypes
 import functools
 import glob
@@ -12,7 +14,7 @@ import shutil
 import subprocess
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 import numpy as np
 from kernopt.dtype import DType
 from kernopt.errors import CompileError, LaunchError, UnsupportedError
@@ -133,15 +135,7 @@ def batch_sources(srcs: list[str]) -> str:
     bodies.append(f"namespace ko_batch{i} {{\n{body}\n}}")
   return "\n".join([*includes, *bodies]) + "\n"
 
-# ***** the driver *****
-
-def _import_driver() -> Any:
-  try:
-    from cuda.bindings import driver  # cuda-python >= 12.6
-    return driver
-  except ImportError: pass
-  from cuda import cuda as driver  # type: ignore[no-redef]  # older cuda-python; ImportError when absent
-  return driver
+# ***** the drivers: one small interface, a class per Python binding of the driver API *****
 
 def _ok(ret: Any, what: str) -> Any:
   """The value(s) of a cuda-python call (which returns (error, *values)), raising on an error."""
@@ -149,72 +143,289 @@ def _ok(ret: Any, what: str) -> Any:
   if int(err) != 0: raise LaunchError(f"CUDA driver: {what} failed with {err}")
   return vals[0] if len(vals) == 1 else vals
 
+def _import_cuda_python() -> Any:
+  try:
+    from cuda.bindings import driver  # cuda-python >= 12.6
+    return driver
+  except ImportError: pass
+  from cuda import cuda as driver  # type: ignore[no-redef]  # older cuda-python; ImportError when absent
+  return driver
+
+def _import_pycuda() -> Any:
+  import pycuda.driver as cuda  # ImportError when absent, or when its extension can't load libcuda.so.1
+  return cuda
+
+def kernel_args(program: Program, pointers: list[int], var_vals: list[int]) -> list[np.generic]:
+  """The kernel's parameters as its signature declares them: a 64-bit address per used buffer (in index order), then
+  each variable as its `program.var_args` dtype, int32 or int64."""
+  ints: dict[int, type[np.signedinteger]] = {4: np.int32, 8: np.int64}
+  args: list[np.generic] = [np.uint64(p) for p in pointers]
+  return args + [ints[a.dtype.itemsize](v) for a, v in zip(program.var_args, var_vals)]
+
+class CUDADriver:
+  """What CUDADevice needs from a binding of the CUDA driver API. Every method makes the driver's context current in
+  the calling thread first (the driver keeps one per thread, and the search loads modules on a thread pool), and
+  work goes to `stream`. Handles are the binding's own objects; `pointer(handle)` is the device address."""
+  name = ""
+  arch, sm_count = "sm_80", 0
+  ctx: Any = None
+  stream: Any = None
+
+  @classmethod
+  def probe(cls) -> str:
+    """What the binding sees (its devices), raising when it doesn't import or sees no GPU."""
+    raise NotImplementedError
+  @classmethod
+  def open(cls, device_id: int = 0, context: Any = None, stream: Any = None) -> CUDADriver:
+    """The driver on device device_id's primary context and the default stream, or on the given ones."""
+    raise NotImplementedError
+  def load(self, image: bytes) -> Any: raise NotImplementedError
+  def function(self, module: Any, name: str) -> Any: raise NotImplementedError
+  def alloc(self, nbytes: int) -> Any: raise NotImplementedError
+  def free(self, handle: Any) -> None: raise NotImplementedError
+  def copyin(self, handle: Any, src: np.ndarray) -> None: raise NotImplementedError
+  def copyout(self, dst: np.ndarray, handle: Any) -> None: raise NotImplementedError
+  def launch(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[np.generic]) -> None:
+    raise NotImplementedError
+  def event(self) -> Any: raise NotImplementedError
+  def record(self, event: Any) -> None: raise NotImplementedError
+  def elapsed(self, start: Any, end: Any) -> float:
+    """Seconds from start to end, once end has happened; both events are released."""
+    raise NotImplementedError
+  def synchronize(self) -> None: raise NotImplementedError
+  def pointer(self, handle: Any) -> int: return int(handle)
+
+_CTYPES: dict[np.dtype, Any] = {np.dtype(np.uint64): ctypes.c_uint64, np.dtype(np.int32): ctypes.c_int32,
+                                 np.dtype(np.int64): ctypes.c_int64}
+
+class CudaPythonDriver(CUDADriver):
+  """NVIDIA's cuda-python (`cuda.bindings.driver`): every call returns (error, *values); buffers are CUdeviceptr."""
+  name = "cuda-python"
+
+  def __init__(self, drv: Any, ctx: Any = None, stream: Any = 0):
+    self.drv, self.ctx, self.stream = drv, ctx, stream
+
+  @classmethod
+  def probe(cls) -> str:
+    drv = _import_cuda_python()
+    _ok(drv.cuInit(0), "cuInit")
+    if (count := int(_ok(drv.cuDeviceGetCount(), "cuDeviceGetCount"))) < 1: raise LaunchError("it sees no device")
+    return f"{count} device(s)"
+
+  @classmethod
+  def open(cls, device_id: int = 0, context: Any = None, stream: Any = None) -> CudaPythonDriver:
+    drv = _import_cuda_python()
+    _ok(drv.cuInit(0), "cuInit")
+    if context is None:
+      dev = _ok(drv.cuDeviceGet(device_id), f"cuDeviceGet({device_id})")
+      context = _ok(drv.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    self = cls(drv, context, 0 if stream is None else stream)
+    self._bind()
+    dev = _ok(drv.cuCtxGetDevice(), "cuCtxGetDevice")
+    attr = drv.CUdevice_attribute
+    def get(a: Any) -> int: return int(_ok(drv.cuDeviceGetAttribute(a, dev), f"cuDeviceGetAttribute({a})"))
+    major, minor = (get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR),
+                    get(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+    self.arch, self.sm_count = f"sm_{major}{minor}", get(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+    return self
+
+  def _bind(self) -> None: _ok(self.drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+  def load(self, image: bytes) -> Any:
+    self._bind()
+    return _ok(self.drv.cuModuleLoadData(image), "cuModuleLoadData")
+  def function(self, module: Any, name: str) -> Any:
+    return _ok(self.drv.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+  def alloc(self, nbytes: int) -> Any:
+    self._bind()
+    return _ok(self.drv.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})")
+  def free(self, handle: Any) -> None:
+    self._bind()
+    _ok(self.drv.cuMemFree(handle), "cuMemFree")
+  def copyin(self, handle: Any, src: np.ndarray) -> None:
+    self._bind()
+    _ok(self.drv.cuMemcpyHtoDAsync(handle, src.ctypes.data, src.nbytes, self.stream), "cuMemcpyHtoDAsync")
+    _ok(self.drv.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+  def copyout(self, dst: np.ndarray, handle: Any) -> None:
+    self._bind()
+    _ok(self.drv.cuMemcpyDtoHAsync(dst.ctypes.data, handle, dst.nbytes, self.stream), "cuMemcpyDtoHAsync")
+    _ok(self.drv.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+  def launch(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[np.generic]) -> None:
+    vals = [_CTYPES[a.dtype](a.item()) for a in args]
+    params = (ctypes.c_void_p * max(len(vals), 1))(*[ctypes.addressof(v) for v in vals])
+    self._bind()
+    _ok(self.drv.cuLaunchKernel(fn, *grid, *block, 0, self.stream, ctypes.addressof(params), 0), "cuLaunchKernel")
+  def event(self) -> Any:
+    self._bind()
+    return _ok(self.drv.cuEventCreate(0), "cuEventCreate")
+  def record(self, event: Any) -> None: _ok(self.drv.cuEventRecord(event, self.stream), "cuEventRecord")
+  def elapsed(self, start: Any, end: Any) -> float:
+    try:
+      _ok(self.drv.cuEventSynchronize(end), "cuEventSynchronize")
+      return float(_ok(self.drv.cuEventElapsedTime(start, end), "cuEventElapsedTime")) * 1e-3
+    finally:
+      for ev in (start, end): self.drv.cuEventDestroy(ev)
+  def synchronize(self) -> None:
+    self._bind()
+    _ok(self.drv.cuCtxSynchronize(), "cuCtxSynchronize")
+
+class PyCUDADriver(CUDADriver):
+  """pycuda (`pycuda.driver`): buffers are DeviceAllocations, `stream` a pycuda Stream or None (the default stream).
+  pycuda keeps its own stack of current contexts and aborts at exit when one is left pushed, so each call pushes the
+  context only when it isn't current already and pops it again."""
+  name = "pycuda"
+
+  def __init__(self, cuda: Any, ctx: Any, stream: Any = None):
+    self.cuda, self.ctx, self.stream = cuda, ctx, stream
+
+  @classmethod
+  def probe(cls) -> str:
+    cuda = _import_pycuda()
+    cuda.init()
+    if (count := int(cuda.Device.count())) < 1: raise LaunchError("it sees no device")
+    return f"{count} device(s)"
+
+  @classmethod
+  def open(cls, device_id: int = 0, context: Any = None, stream: Any = None) -> PyCUDADriver:
+    cuda = _import_pycuda()
+    cuda.init()
+    self = cls(cuda, context if context is not None else cuda.Device(device_id).retain_primary_context(), stream)
+    with self._active("opening the device"):
+      dev = cuda.Context.get_device()
+      major, minor = dev.compute_capability()
+      self.arch = f"sm_{major}{minor}"
+      self.sm_count = int(dev.get_attribute(cuda.device_attribute.MULTIPROCESSOR_COUNT))
+    return self
+
+  @contextlib.contextmanager
+  def _active(self, what: str) -> Iterator[None]:
+    """The block runs with ctx current; pycuda's errors become LaunchError."""
+    cur = self.cuda.Context.get_current()
+    pushed = cur is None or cur != self.ctx
+    if pushed: self.ctx.push()
+    try: yield
+    except self.cuda.Error as e: raise LaunchError(f"CUDA driver (pycuda): {what} failed: {e}") from e
+    finally:
+      if pushed: self.cuda.Context.pop()
+
+  def load(self, image: bytes) -> Any:
+    with self._active("module_from_buffer"): return self.cuda.module_from_buffer(image)
+  def function(self, module: Any, name: str) -> Any:
+    with self._active(f"get_function({name})"): return module.get_function(name)
+  def alloc(self, nbytes: int) -> Any:
+    with self._active(f"mem_alloc({nbytes})"): return self.cuda.mem_alloc(max(nbytes, 1))
+  def free(self, handle: Any) -> None:
+    with self._active("free"): handle.free()
+  def copyin(self, handle: Any, src: np.ndarray) -> None:
+    with self._active("memcpy_htod"):
+      if self.stream is None: self.cuda.memcpy_htod(self.pointer(handle), src)
+      else:
+        self.cuda.memcpy_htod_async(self.pointer(handle), src, self.stream)
+        self.stream.synchronize()
+  def copyout(self, dst: np.ndarray, handle: Any) -> None:
+    with self._active("memcpy_dtoh"):
+      if self.stream is None: self.cuda.memcpy_dtoh(dst, self.pointer(handle))
+      else:
+        self.cuda.memcpy_dtoh_async(dst, self.pointer(handle), self.stream)
+        self.stream.synchronize()
+  def launch(self, fn: Any, grid: tuple[int, int, int], block: tuple[int, int, int], args: list[np.generic]) -> None:
+    # pycuda packs numpy scalars by their dtype with C alignment, as the kernel's parameter block is laid out
+    with self._active("launch"): fn(*args, grid=grid, block=block, stream=self.stream)
+  def event(self) -> Any:
+    with self._active("Event"): return self.cuda.Event()
+  def record(self, event: Any) -> None:
+    with self._active("Event.record"): event.record(self.stream)
+  def elapsed(self, start: Any, end: Any) -> float:
+    with self._active("Event.synchronize"): return float(end.synchronize().time_since(start)) * 1e-3
+  def synchronize(self) -> None:
+    with self._active("Context.synchronize"): self.cuda.Context.synchronize()
+
+# the order is the automatic choice's: the design card's driver first
+DRIVERS: dict[str, type[CUDADriver]] = {"pycuda": PyCUDADriver, "cuda-python": CudaPythonDriver}
+
+def have_compiler() -> bool: return _import_nvrtc() is not None or find_nvcc() is not None
+
+def choose_driver(driver: Optional[str] = None) -> tuple[Optional[type[CUDADriver]], str]:
+  """(the driver class a device opened with `driver` would use, what it sees) or (None, why none can be used):
+  driver=None takes the first of DRIVERS that imports and sees a GPU."""
+  if driver is not None and driver not in DRIVERS:
+    return None, f"unknown CUDA driver {driver!r}; known: {', '.join(DRIVERS)}"
+  whys = []
+  for cls in ([DRIVERS[driver]] if driver else DRIVERS.values()):
+    try: seen = cls.probe()
+    except Exception as e:  # ImportError, the binding's own errors, LaunchError
+      whys.append(f"{cls.name}: {type(e).__name__}: {e}")
+      continue
+    if not have_compiler(): return None, "no CUDA compiler: neither NVRTC nor nvcc"
+    return cls, f"launches through {cls.name} ({seen})"
+  return None, "no CUDA driver/GPU: " + "; ".join(whys)
+
 class _CUDAKernel:
   def __init__(self, module: Any, fn: Any, name: str): self.module, self.fn, self.name = module, fn, name
 
 class CUDADevice(Compiled):
-  """One NVIDIA GPU through the driver API (its primary context). Buffers are device pointers; kernel parameters
-  are the buffers then the int variables; `global_size` counts thread blocks and `local_size` threads per block."""
+  """One NVIDIA GPU through a CUDADriver (`driver_name` says which). Buffers are device allocations; kernel parameters
+  are the used buffers then the variables; `global_size` counts thread blocks and `local_size` threads per block.
+  `driver` is "pycuda", "cuda-python", None (the first that works) or a CUDADriver; `context` and `stream` (the
+  binding's own objects) run kernopt on a context and stream the caller owns instead of the primary context and the
+  default stream."""
   name = "CUDA"
 
-  def __init__(self, device_id: int = 0, prefer_nvrtc: bool = True):
-    ok, reason = self.availability()
-    if not ok: raise UnsupportedError(reason)
-    self.drv = _import_driver()
-    _ok(self.drv.cuInit(0), "cuInit")
-    self.dev = _ok(self.drv.cuDeviceGet(device_id), f"cuDeviceGet({device_id})")
-    self.ctx = _ok(self.drv.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")
-    _ok(self.drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
-    attr = self.drv.CUdevice_attribute
-    major = _ok(self.drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, self.dev), "arch")
-    minor = _ok(self.drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.dev), "arch")
-    self.arch, self.prefer_nvrtc = f"sm_{major}{minor}", prefer_nvrtc
-    sms = self.drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, self.dev)
-    self.sm_count = int(_ok(sms, "multiprocessor count"))
+  def __init__(self, device_id: int = 0, prefer_nvrtc: bool = True, driver: Optional[str | CUDADriver] = None,
+               context: Any = None, stream: Any = None):
+    if not isinstance(driver, CUDADriver):
+      cls, reason = choose_driver(driver)
+      if cls is None: raise UnsupportedError(reason)
+      driver = cls.open(device_id, context, stream)
+    self.driver: CUDADriver = driver
+    self.arch, self.sm_count, self.prefer_nvrtc = driver.arch, driver.sm_count, prefer_nvrtc
     super().__init__()
 
   @classmethod
-  def availability(cls) -> tuple[bool, str]:
-    try: drv = _import_driver()
-    except ImportError as e: return False, f"no CUDA driver/GPU: cuda-python is not installed ({e})"
-    try:
-      _ok(drv.cuInit(0), "cuInit")
-      count = _ok(drv.cuDeviceGetCount(), "cuDeviceGetCount")
-    except Exception as e: return False, f"no CUDA driver/GPU: {e}"
-    if int(count) < 1: return False, "no CUDA driver/GPU: the driver reports no device"
-    if _import_nvrtc() is None and find_nvcc() is None: return False, "no CUDA compiler: neither NVRTC nor nvcc"
-    return True, ""
+  def availability(cls, driver: Optional[str] = None) -> tuple[bool, str]:
+    """(True, which driver a device would launch through) or (False, why it can't be opened)."""
+    found, reason = choose_driver(driver)
+    return found is not None, reason
+
+  @property
+  def driver_name(self) -> str: return self.driver.name
+  # a cuda-python module and context set directly, as tests of the launch sequence do on a bare instance
+  @property
+  def drv(self) -> Any: return getattr(self.driver, "drv", None)
+  @drv.setter
+  def drv(self, module: Any) -> None:
+    self.driver = CudaPythonDriver(module, getattr(self.__dict__.get("driver"), "ctx", None))
+  @property
+  def ctx(self) -> Any: return self.driver.ctx
+  @ctx.setter
+  def ctx(self, ctx: Any) -> None: self.driver.ctx = ctx
 
   def _make_renderer(self) -> Renderer:
     return CUDARenderer(arch=self.arch, heuristics="cuda_gpu", sm_count=self.sm_count)
   def compiler_id(self) -> str: return compiler_id(self.arch, self.prefer_nvrtc)
-  def synchronize(self) -> None:
-    self._bind()
-    _ok(self.drv.cuCtxSynchronize(), "cuCtxSynchronize")
-  def _bind(self) -> None:
-    """Make this device's context current in the calling thread: the driver keeps one per thread, and the search
-    compiles (loads modules) on a thread pool."""
-    _ok(self.drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+  def synchronize(self) -> None: self.driver.synchronize()
 
   # -- memory --
-  def _alloc(self, nbytes: int, dtype: DType) -> Any:
-    self._bind()
-    return _ok(self.drv.cuMemAlloc(max(nbytes, 1)), f"cuMemAlloc({nbytes})")
-  def _free(self, handle: Any) -> None: self.drv.cuMemFree(handle)
-  def _copyin(self, handle: Any, src: np.ndarray) -> None:
-    src = np.ascontiguousarray(src)
-    self._bind()
-    _ok(self.drv.cuMemcpyHtoD(handle, src.ctypes.data, src.nbytes), "cuMemcpyHtoD")
-  def _copyout(self, dst: np.ndarray, handle: Any) -> None:
-    self._bind()
-    _ok(self.drv.cuMemcpyDtoH(dst.ctypes.data, handle, dst.nbytes), "cuMemcpyDtoH")
+  def _alloc(self, nbytes: int, dtype: DType) -> Any: return self.driver.alloc(nbytes)
+  def _free(self, handle: Any) -> None:
+    try: self.driver.free(handle)
+    except Exception: pass  # called from Buffer.__del__, possibly at interpreter exit: nothing to report to
+  def _wrap(self, ptr: Any, nbytes: int) -> int:
+    """The address of memory allocated elsewhere: an int, a pycuda DeviceAllocation, a cuda-python CUdeviceptr."""
+    bad = LaunchError(f"CUDA: {ptr!r} is not a device pointer")
+    if isinstance(ptr, (str, bytes, float, bool)): raise bad
+    try: addr = int(ptr)
+    except (TypeError, ValueError): raise bad from None
+    if nbytes and addr == 0: raise LaunchError(f"CUDA: a Buffer of {nbytes} bytes at the null pointer")
+    if addr % 16: raise LaunchError(f"CUDA: pointer {addr:#x} is not 16-byte aligned (kernels load up to 16 bytes)")
+    return addr
+  def _copyin(self, handle: Any, src: np.ndarray) -> None: self.driver.copyin(handle, np.ascontiguousarray(src))
+  def _copyout(self, dst: np.ndarray, handle: Any) -> None: self.driver.copyout(dst, handle)
 
   # -- compile and launch --
   def _compile(self, program: Program) -> _CUDAKernel:
     cubin = compile_cuda(program.src, self.arch, self.prefer_nvrtc)
-    self._bind()
-    module = _ok(self.drv.cuModuleLoadData(cubin), f"cuModuleLoadData({program.name})")
-    try: fn = _ok(self.drv.cuModuleGetFunction(module, program.name.encode()), f"cuModuleGetFunction({program.name})")
+    module = self.driver.load(cubin)
+    try: fn = self.driver.function(module, program.name)
     except LaunchError: raise CompileError(f"{program.name} is not defined by its source", "", program.src) from None
     return _CUDAKernel(module, fn, program.name)
 
@@ -227,7 +438,7 @@ class CUDADevice(Compiled):
     if len(grid) > 3 or len(block) > 3 or any(not isinstance(x, int) or x < 1 for x in grid + block):
       raise LaunchError(f"{program.name}: bad launch sizes global={global_size} local={local_size}")
     for i in range(3):
-      if grid[i] > r.global_max[i] or block[i] > r.local_max[i]:
+      if any(lim is not None and x[i] > lim[i] for x, lim in ((grid, r.global_max), (block, r.local_max))):
         raise LaunchError(f"{program.name}: launch global={grid} local={block} exceeds the limits "
                           f"{r.global_max} / {r.local_max} in dim {i}")
     if block[0] * block[1] * block[2] > r.max_local_size:
@@ -238,20 +449,18 @@ class CUDADevice(Compiled):
               global_size: Optional[tuple[int, ...]], local_size: Optional[tuple[int, ...]],
               wait: bool) -> Optional[float]:
     grid, block = self.launch_dims(program, global_size, local_size)
-    vals = [ctypes.c_uint64(int(h)) for h in handles] + [ctypes.c_int32(v) for v in var_vals]
-    params = (ctypes.c_void_p * max(len(vals), 1))(*[ctypes.addressof(v) for v in vals])
-    drv = self.drv
-    self._bind()
-    if wait:
-      start, end = _ok(drv.cuEventCreate(0), "cuEventCreate"), _ok(drv.cuEventCreate(0), "cuEventCreate")
-      _ok(drv.cuEventRecord(start, 0), "cuEventRecord")
-    _ok(drv.cuLaunchKernel(lib.fn, *grid, *block, 0, 0, ctypes.addressof(params), 0), f"launch of {program.name}")
-    if not wait: return None
-    _ok(drv.cuEventRecord(end, 0), "cuEventRecord")
-    _ok(drv.cuEventSynchronize(end), f"{program.name} (cuEventSynchronize)")
-    ms = _ok(drv.cuEventElapsedTime(start, end), "cuEventElapsedTime")
-    for ev in (start, end): drv.cuEventDestroy(ev)
-    return float(ms) * 1e-3
+    drv = self.driver
+    args = kernel_args(program, [drv.pointer(h) for h in handles], var_vals)
+    try:
+      if not wait:
+        drv.launch(lib.fn, grid, block, args)
+        return None
+      start, end = drv.event(), drv.event()
+      drv.record(start)
+      drv.launch(lib.fn, grid, block, args)
+      drv.record(end)
+      return drv.elapsed(start, end)
+    except LaunchError as e: raise LaunchError(f"{program.name}: {e}") from None
 
 def time_compile(src: str, arch: str, prefer_nvrtc: bool = True) -> tuple[bytes, float]:
   """(cubin, seconds) of an uncached compile: for benchmarks and the GPU check's timing table."""

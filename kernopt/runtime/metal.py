@@ -9,7 +9,7 @@ from kernopt.dtype import DType
 from kernopt.errors import CompileError, LaunchError, UnsupportedError
 from kernopt.renderers import Program, Renderer
 from kernopt.renderers.metal import MetalRenderer
-from kernopt.runtime import Compiled
+from kernopt.runtime import Compiled, np_dtype
 
 class MetalDevice(Compiled):
   """The system default Metal GPU. Kernel parameters are the buffers [[buffer(i)]], then the variables."""
@@ -73,8 +73,8 @@ class MetalDevice(Compiled):
     enc = cmd.computeCommandEncoder()
     enc.setComputePipelineState_(lib)
     for i, h in enumerate(handles): enc.setBuffer_offset_atIndex_(h, 0, i)
-    for j, v in enumerate(var_vals):
-      enc.setBytes_length_atIndex_(np.int32(v).tobytes(), 4, len(handles) + j)
+    for j, (a, v) in enumerate(zip(program.var_args, var_vals)):
+      enc.setBytes_length_atIndex_(np_dtype(a.dtype).type(v).tobytes(), a.dtype.itemsize, len(handles) + j)
     enc.dispatchThreadgroups_threadsPerThreadgroup_(self.mtl.MTLSizeMake(*grid), self.mtl.MTLSizeMake(*block))
     enc.endEncoding()
     cmd.commit()

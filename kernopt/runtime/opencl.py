@@ -2,28 +2,87 @@
 once and their binaries kept on disk under cache_dir/opencl; launches are checked against the device's
 work-group limits; timings come from profiling events."""
 from __future__ import annotations
-import os, platform, tempfile
+import os, platform, warnings
 from typing import Any, Optional, Union
 import numpy as np
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import CompileError, LaunchError, UnsupportedError
-from kernopt.helpers import getconfig, prod, to_function_name
+from kernopt.helpers import (cache_subdir, cache_tmp, getconfig, prod, record_binary, remove_stale_tmp,
+                             to_function_name, verified_binary)
 from kernopt.renderers import Program
 from kernopt.renderers.opencl import OpenCLRenderer
-from kernopt.runtime import Compiled
+from kernopt.runtime import Compiled, np_dtype
 
 def _all_devices() -> list[Any]:
   import pyopencl as cl
   try: platforms = cl.get_platforms()
   except cl.Error: return []   # clGetPlatformIDs fails with PLATFORM_NOT_FOUND when no ICD is installed
-  return [d for p in platforms for d in p.get_devices()]
+  ret = []
+  for p in platforms:
+    try: ret += p.get_devices()
+    except cl.Error: continue   # a platform with no device (DEVICE_NOT_FOUND) or a broken ICD
+  return ret
+
+# what to install when an OpenCL compiler cannot target this CPU
+REMEDIES = ("Debian/Ubuntu's pocl-opencl-icd (apt-get install pocl-opencl-icd), a PoCL >= 5 with CPU selection, or "
+            "Intel's CPU runtime (pip install intel-opencl-rt intel-cmplr-lib-rt); `bash .ci/install_opencl.sh` "
+            "tries them in that order")
+_PROBE_SRC = "__kernel void ko_probe(__global float* a) { int i = get_global_id(0); a[i] = 2.0f * a[i] + 1.0f; }"
+_PROBE_N = 64
+_probe_cache: dict[tuple[str, ...], Optional[str]] = {}
+
+def device_label(d: Any) -> str:
+  return f"{d.platform.name} {d.platform.version} / {d.name}"
+
+def _device_key(d: Any) -> tuple[str, ...]:
+  return (d.platform.name, d.platform.version, d.name, d.version, d.driver_version)
+
+def unknown_cpu_error(d: Any, log: str) -> Optional[UnsupportedError]:
+  """The UnsupportedError for a build log that says the OpenCL compiler does not know this host's CPU (an old PoCL
+  on a newer CPU than its LLVM: it asks LLVM for the CPU's name, gets "generic", and passes it on), else None."""
+  if "unknown target cpu" not in log.lower(): return None
+  line = next((ln.strip() for ln in log.splitlines() if "unknown target cpu" in ln.lower()), "")
+  return UnsupportedError(f"{device_label(d)} cannot compile for this CPU ({line}): its LLVM does not know the host. "
+                          f"Use {REMEDIES}")
+
+def probe(d: Any) -> Optional[str]:
+  """Why device d cannot run kernopt's kernels, or None when it builds and runs a probe kernel with the right numbers.
+  Cached per platform, device and driver version."""
+  if (key := _device_key(d)) in _probe_cache: return _probe_cache[key]
+  import pyopencl as cl
+  reason: Optional[str] = None
+  try:
+    ctx = cl.Context([d])
+    queue = cl.CommandQueue(ctx, d)
+    with warnings.catch_warnings():   # pyopencl warns of any compiler output, Intel's notes included
+      warnings.simplefilter("ignore")
+      prg = cl.Program(ctx, _PROBE_SRC).build(devices=[d])
+    x = np.arange(_PROBE_N, dtype=np.float32)
+    buf = cl.Buffer(ctx, cl.mem_flags.READ_WRITE | cl.mem_flags.COPY_HOST_PTR, hostbuf=x)
+    prg.ko_probe(queue, (_PROBE_N,), None, buf)
+    out = np.empty_like(x)
+    cl.enqueue_copy(queue, out, buf, is_blocking=True)
+    if not (out == 2 * x + 1).all(): reason = f"the probe kernel computed wrong numbers: {out[:4]}..."
+  except cl.Error as e:
+    err = unknown_cpu_error(d, str(e))   # a failed build's message carries the build log
+    reason = str(err) if err is not None else f"the probe kernel failed: {' '.join(str(e).split())[:400]}"
+  _probe_cache[key] = reason
+  return reason
+
+def probe_report() -> list[tuple[str, Optional[str]]]:
+  """(device, why it cannot be used or None) for every device of every platform, in selection order."""
+  import pyopencl as cl
+  devs = _all_devices()
+  order = [d for d in devs if d.type & cl.device_type.GPU] + [d for d in devs if not d.type & cl.device_type.GPU]
+  return [(device_label(d), probe(d)) for d in order]
 
 def select_device(choice: Union[int, str, None] = None) -> Any:
   """An OpenCL device: choice is an index into every platform's devices or a substring of a device or platform
-  name; "" or None means the CL_DEVICE knob, else the first GPU, else the first device (PoCL's CPU)."""
+  name; "" or None means the CL_DEVICE knob, else the first GPU that runs the probe kernel, else the first other
+  device that does (PoCL's CPU). An explicit choice is taken as it is."""
   import pyopencl as cl
   devs = _all_devices()
-  if not devs: raise UnsupportedError("no OpenCL platform found (pip install pyopencl pocl-binary-distribution)")
+  if not devs: raise UnsupportedError("no OpenCL platform found (pip install pyopencl; then " + REMEDIES + ")")
   if choice is None or choice == "": choice = getconfig().CL_DEVICE or None
   if isinstance(choice, str) and choice.isdigit(): choice = int(choice)
   if isinstance(choice, int):
@@ -33,8 +92,12 @@ def select_device(choice: Union[int, str, None] = None) -> Any:
     for d in devs:
       if choice.lower() in d.name.lower() or choice.lower() in d.platform.name.lower(): return d
     raise UnsupportedError(f"no OpenCL device matches {choice!r}; have {[d.name for d in devs]}")
-  gpus = [d for d in devs if d.type & cl.device_type.GPU]
-  return (gpus or devs)[0]
+  order = [d for d in devs if d.type & cl.device_type.GPU] + [d for d in devs if not d.type & cl.device_type.GPU]
+  reasons = []
+  for d in order:
+    if (why := probe(d)) is None: return d
+    reasons.append(f"{device_label(d)}: {why}")
+  raise UnsupportedError("no OpenCL device runs kernopt's probe kernel:\n  " + "\n  ".join(reasons))
 
 def cpu_vector_width(d: Any, cl: Any) -> int:
   """The float lanes the CPU profile packs for device d: its native float vector width (a power of two from 4 to
@@ -67,9 +130,9 @@ class OpenCLDevice(Compiled):
   def availability(cls) -> tuple[bool, str]:
     try: import pyopencl  # noqa: F401
     except ImportError: return False, "pyopencl is not installed (pip install pyopencl pocl-binary-distribution)"
-    devs = _all_devices()
-    if not devs: return False, "pyopencl found no OpenCL platform (pip install pocl-binary-distribution)"
-    return True, ", ".join(f"{d.platform.name}: {d.name}" for d in devs)
+    try: d = select_device(None)
+    except UnsupportedError as e: return False, str(e)
+    return True, device_label(d)
 
   def _make_renderer(self) -> OpenCLRenderer:
     """The device's limits and features; a CPU device (PoCL's pthread) also gets the CPU profile: lanes packed
@@ -117,22 +180,22 @@ class OpenCLDevice(Compiled):
   def synchronize(self) -> None: self.queue.finish()
 
   # *** compile ***
-  def _cache_path(self, src: str) -> str:
-    return os.path.join(getconfig().cache_dir, "opencl", self.cache_key(src) + ".bin")
+  def _cache_path(self, src: str) -> Optional[str]:
+    """Where src's binary lives in the disk cache; None without a usable cache (DISABLE_CACHE, an unfit directory)."""
+    if getconfig().DISABLE_CACHE or (folder := cache_subdir("opencl")) is None: return None
+    return os.path.join(folder, self.cache_key(src) + ".bin")
 
   def _compile(self, program: Program) -> _CLKernel:
     import pyopencl as cl
     path = self._cache_path(program.src)
     prg = None
-    if not getconfig().DISABLE_CACHE and os.path.exists(path):
-      try:
-        with open(path, "rb") as f: binary = f.read()
-        prg = cl.Program(self.ctx, [self.cl_device], [binary]).build()
-      except (OSError, cl.Error): prg = None   # a stale or foreign binary: rebuild from source
+    if path is not None and (binary := verified_binary("opencl_binary", path, program.src)) is not None:
+      try: prg = cl.Program(self.ctx, [self.cl_device], [binary]).build()
+      except cl.Error: prg = None   # a stale binary: rebuild from source
     from_cache = prg is not None
     if prg is None:
       prg = self._build_source(program)
-      if not getconfig().DISABLE_CACHE: self._store_binary(path, prg.get_info(cl.program_info.BINARIES)[0])
+      if path is not None: self._store_binary(path, prg.get_info(cl.program_info.BINARIES)[0], program.src)
     return _CLKernel(self, prg, _kernel_name(prg, program), from_cache)
 
   def _build_source(self, program: Program) -> Any:
@@ -142,18 +205,24 @@ class OpenCLDevice(Compiled):
     except cl.Error as e:
       try: log = prg.get_build_info(self.cl_device, cl.program_build_info.LOG)
       except Exception: log = ""  # the program object may not exist after a failed build
+      if (err := unknown_cpu_error(self.cl_device, log or str(e))) is not None: raise err from None
       raise CompileError(f"OpenCL build of {program.name} failed on {self.cl_device.name}", log or str(e),
                          program.src) from None
 
   @staticmethod
-  def _store_binary(path: str, binary: bytes) -> None:
+  def _store_binary(path: str, binary: bytes, src: str) -> None:
+    """binary (built from src) written at path through a temporary file, and its digests recorded."""
     if not binary: return
+    tmp = None
     try:
-      os.makedirs(os.path.dirname(path), exist_ok=True)
-      fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-      with os.fdopen(fd, "wb") as f: f.write(binary)
+      remove_stale_tmp(os.path.dirname(path))
+      tmp = cache_tmp(path)
+      with open(tmp, "wb") as f: f.write(binary)
       os.replace(tmp, path)   # atomic, so concurrent processes never read half a file
-    except OSError: pass      # the cache is an optimization; a read-only disk is not an error
+      record_binary("opencl_binary", path, src, binary)
+    except OSError: pass      # the cache is an optimization; a read-only or full disk is not an error
+    finally:
+      if tmp is not None and os.path.exists(tmp): os.unlink(tmp)
 
   # *** launch ***
   def _launch(self, lib: _CLKernel, program: Program, handles: list[Any], var_vals: list[int],
@@ -162,7 +231,7 @@ class OpenCLDevice(Compiled):
     import pyopencl as cl
     gws, lws = self.launch_sizes(lib, program, global_size, local_size)
     try:
-      lib.kernel.set_args(*handles, *[np.int32(v) for v in var_vals])
+      lib.kernel.set_args(*handles, *[np_dtype(a.dtype).type(v) for a, v in zip(program.var_args, var_vals)])
       ev = cl.enqueue_nd_range_kernel(self.queue, lib.kernel, gws, lws)
     except cl.Error as e: raise LaunchError(f"{program.name}: enqueue failed: {e}") from None
     if not wait: return None
@@ -208,3 +277,25 @@ def _kernel_name(prg: Any, program: Program) -> str:
   raise CompileError(f"no kernel named {program.name!r} in the program (found {names})", src=program.src)
 
 DEVICE_CLASS = OpenCLDevice
+
+def main() -> int:
+  """`python -m kernopt.runtime.opencl`: every device tried, why the unusable ones were skipped, and the one the
+  OPENCL device uses; exit status 1 when none works."""
+  try: import pyopencl  # noqa: F401
+  except ImportError:
+    print("OpenCL: pyopencl is not installed (pip install pyopencl)")
+    return 1
+  report = probe_report()
+  if not report: print("OpenCL: no platform or device found (no ICD registered with the loader)")
+  for label, why in report:
+    print(f"OpenCL: {'works' if why is None else 'skipped'}: {label}" + (f": {why}" if why else ""))
+  try: d = select_device(None)
+  except UnsupportedError:
+    print(f"OpenCL: no device works here. Install {REMEDIES}")
+    return 1
+  print(f"OpenCL: kernopt uses {device_label(d)} (native float vector width {d.native_vector_width_float}, "
+        f"max work-group {d.max_work_group_size}, local memory {d.local_mem_size} bytes)")
+  return 0
+
+if __name__ == "__main__":
+  raise SystemExit(main())

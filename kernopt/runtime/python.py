@@ -11,7 +11,7 @@ from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import CompileError, KernoptError, UnsupportedError
 from kernopt.helpers import prod
 from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
-from kernopt.renderers import BufferArg, Program, Renderer, get_renderer
+from kernopt.renderers import BufferArg, Program, Renderer, VarArg, get_renderer
 from kernopt.runtime import Compiled, np_dtype
 from kernopt.uops import UOp, UOps, flops_mem
 
@@ -233,10 +233,11 @@ def make_program(name: str, uops: list[UOp], global_size: Optional[tuple[int, ..
   elements, default 0), variables from its DEFINE_VARs sorted by name."""
   args = tuple(sorted((BufferArg(u.arg[0], u.dtype, (min_sizes or {}).get(u.arg[0], 0), bool(u.arg[2]))
                        for u in uops if u.op is UOps.DEFINE_GLOBAL), key=lambda a: a.idx))
-  vs = tuple(sorted((u.arg for u in uops if u.op is UOps.DEFINE_VAR), key=lambda v: v.expr))
+  dvs = sorted((u for u in uops if u.op is UOps.DEFINE_VAR), key=lambda u: u.arg.expr)
   flops, mem = flops_mem(list(uops))
   return Program(name, PythonRenderer(emulate).render(name, list(uops)), "PYTHON", global_size, local_size,
-                 tuple(uops), flops, mem, args, vs)
+                 tuple(uops), flops, mem, args, tuple(u.arg for u in dvs),
+                 var_args=tuple(VarArg(u.arg.expr, u.dtype) for u in dvs))
 
 # ***** the interpreter *****
 
@@ -348,7 +349,7 @@ class _Builder:
     return step
 
   def _define_var(self, i: int, u: UOp, s: list[int]) -> Step:
-    def step(st: _State) -> None: st.vals[i] = np.int32(st.var_vals[u.arg.expr])
+    def step(st: _State) -> None: st.vals[i] = np.dtype(reg_dtype(u.dtype)).type(st.var_vals[u.arg.expr])
     return step
 
   def _special(self, i: int, u: UOp, s: list[int]) -> Step:
@@ -365,14 +366,14 @@ class _Builder:
 
   # -- control --
   def _range(self, i: int, u: UOp, s: list[int]) -> Step:
-    end = self.ends[i]
+    end, it = self.ends[i], reg_dtype(u.dtype).type   # int64 where the lowerer widened the indices
     def step(st: _State) -> Optional[int]:
       lo, hi = np.asarray(st.vals[s[0]]), np.asarray(st.vals[s[1]])
       if (lo.ndim == 0 or (lo == lo.flat[0]).all()) and (hi.ndim == 0 or (hi == hi.flat[0]).all()):
         a, b = int(lo.flat[0]), int(hi.flat[0])
         if a >= b: return end + 1
         st.loops[i] = [a, b, None]
-        st.vals[i] = np.int32(a)
+        st.vals[i] = it(a)
         return None
       # bounds that differ between threads: run to the longest trip count with a per-thread mask
       lo, hi = _per_thread(lo, st.T), _per_thread(hi, st.T)
@@ -383,24 +384,24 @@ class _Builder:
       st.loops[i] = [0, most, (lo, trips, st.mask)]
       st.masks.append(st.mask)
       st.mask = trips > 0 if st.mask is None else st.mask & (trips > 0)
-      st.vals[i] = lo.astype(np.int32)
+      st.vals[i] = lo.astype(it)
       return None
     return step
 
   def _endrange(self, i: int, u: UOp, s: list[int]) -> Step:
-    r = s[0]
+    r, it = s[0], reg_dtype(u.src[0].dtype).type
     def step(st: _State) -> Optional[int]:
       lp = st.loops[r]
       lp[0] += 1
       if lp[2] is None:
         if lp[0] >= lp[1]: return None
-        st.vals[r] = np.int32(lp[0])
+        st.vals[r] = it(lp[0])
         return r + 1
       lo, trips, outer = lp[2]
       if lp[0] >= lp[1]:
         st.mask = st.masks.pop()
         return None
-      st.vals[r] = (lo + lp[0]).astype(np.int32)
+      st.vals[r] = (lo + lp[0]).astype(it)
       st.mask = (trips > lp[0]) if outer is None else outer & (trips > lp[0])
       return r + 1
     return step
@@ -571,7 +572,7 @@ class PythonProgram:
     if program.uops is None: raise CompileError(f"{program.name}: the PYTHON device runs Program.uops, which is None")
     self.program = program
     self.builder = _Builder(program.name, tuple(program.uops))
-    self.arg_pos = {a.idx: n for n, a in enumerate(program.args)}
+    self.arg_pos = {a.idx: n for n, a in enumerate(program.used_args)}   # handles are the used args only
 
   def run(self, handles: list[Any], var_vals: dict[str, int], gsz: tuple[int, ...], lsz: tuple[int, ...]) -> None:
     steps = self.builder.steps
@@ -592,6 +593,7 @@ class PythonProgram:
 
 class PythonDevice(Compiled):
   """Runs Program.uops with numpy; `emulate` picks the dialect whose capabilities and tensor cores it carries."""
+  interprets_uops = True
   name = "PYTHON"
 
   def __init__(self, emulate: Optional[str] = None):

@@ -2,8 +2,10 @@
 on construction. `a // b` and `a % b` are floor division and modulo by a positive divisor (an int > 0, or a Node whose
 min > 0); a numerator that may be negative is first shifted, (a + k*b)//b - k, so the tree only ever divides
 non-negative numerators and a renderer may emit C's truncating `/` and `%`. A divisor that may be <= 0 raises
-ShapeError. Imports only kernopt.errors."""
+ShapeError. Sums and products are kept in one canonical order (`_order`), so equal expressions compare and hash
+equal however they were built (a+b == b+a, (a*b)*c == a*(c*b)). Imports only kernopt.errors."""
 from __future__ import annotations
+import operator
 from math import gcd
 from typing import Any, Callable, Iterable, Optional, Union
 from kernopt.errors import ShapeError
@@ -42,9 +44,30 @@ def _split(t: Node) -> tuple[Node, int]:
   """t == base * coefficient with an int coefficient."""
   return (t.a, t.b) if type(t) is MulNode and type(t.b) is int else (t, 1)
 
+_RANK: dict[type, int] = {}   # type -> its place in the canonical order, filled in below the classes
+
+def _order(n: Any) -> tuple:
+  """A total, structural and process-independent sort key of a Node or int (hashes of str are salted per process,
+  so they can't order what is rendered): a tuple led by the node type's rank, cached on the node."""
+  if type(n) is int: return (0, n)
+  try: return n._ord
+  except AttributeError: pass
+  t = type(n)
+  if t is NumNode: k: tuple = (0, n.b)
+  elif t is Variable: k = (1, n.expr, n.min, n.max)
+  elif isinstance(n, _BinNode): k = (_RANK[t], _order(n.a), _order(n.b))
+  else: k = (_RANK[t], tuple(_order(x) for x in n.nodes))
+  n._ord = k
+  return k
+
+def _term_order(t: Node) -> tuple:
+  """A sum's terms sort by base, then coefficient: x, x*2 and y*3 are ordered as x, y."""
+  if type(t) is MulNode and type(t.b) is int: return (_order(t.a), t.b)
+  return (_order(t), 1)
+
 class Node:
   """A symbolic integer. `==` is structural (a Node equals an int only when it is a NumNode of that value)."""
-  __slots__ = ("min", "max", "_hash", "_key")
+  __slots__ = ("min", "max", "_hash", "_key", "_ord")
   min: int
   max: int
   _hash: int
@@ -99,7 +122,8 @@ class Node:
 
   @staticmethod
   def sum(nodes: Iterable[sint]) -> Node:
-    """Flattens nested sums, merges like terms (x*2 + x*3 -> x*5) and constants; keeps first-seen term order."""
+    """Flattens nested sums, merges like terms (x*2 + x*3 -> x*5) and constants; terms in canonical order (by base,
+    then coefficient), the constant last."""
     const, terms = 0, []
     for n in nodes:
       tn = type(n)
@@ -116,6 +140,7 @@ class Node:
       bases = [t.a if type(t) is MulNode and type(t.b) is int else t for t in terms]
       # equal bases have equal hashes, so distinct hashes mean nothing to merge
       if len({b._hash for b in bases}) < len(bases): terms = _merge_terms(terms, bases)
+      terms.sort(key=_term_order)
     if not terms: return NumNode(const)
     if const: terms.append(NumNode(const))
     elif len(terms) == 1: return terms[0]
@@ -152,13 +177,25 @@ class NumNode(Node):
   def substitute(self, var_vals: dict[Variable, Union[Node, int]]) -> Node: return self
   def _eval(self, env: dict[Variable, int]) -> int: return self.b
 
+_I64 = 1 << 63
+
+def _var_bound(x: Any, name: Any) -> int:
+  """x as an int bound of Variable name: numpy integers are ints, bools and everything else are refused."""
+  if isinstance(x, bool) or not hasattr(type(x), "__index__"):
+    raise ShapeError(f"Variable {name!r}: bound {x!r} must be an int, not {type(x).__name__}")
+  return operator.index(x)
+
 class Variable(Node):
-  """A named integer in [nmin, nmax]. Binding a value keeps its identity: a bound Variable == its unbound one."""
+  """A named integer in [nmin, nmax]. Binding a value keeps its identity: a bound Variable == its unbound one.
+  The name is an ASCII identifier; renderers spell it under their user prefix (`v_`), never as it is."""
   __slots__ = ("expr", "_val")
   _val: Optional[int]
   def __init__(self, expr: str, nmin: int, nmax: int):
-    if not (isinstance(expr, str) and isinstance(nmin, int) and isinstance(nmax, int) and nmin <= nmax):
-      raise ShapeError(f"Variable({expr!r}, {nmin!r}, {nmax!r}) needs a str name and int bounds with min <= max")
+    if type(nmin) is not int or type(nmax) is not int: nmin, nmax = _var_bound(nmin, expr), _var_bound(nmax, expr)
+    if not (isinstance(expr, str) and nmin <= nmax and -_I64 <= nmin and nmax < _I64):
+      raise ShapeError(f"Variable({expr!r}, {nmin!r}, {nmax!r}) needs a str name and int64 bounds with min <= max")
+    if not (expr.isascii() and expr.isidentifier()):
+      raise ShapeError(f"Variable name {expr!r} is not an identifier (ASCII letters, digits and _, not a digit first)")
     self.expr, self.min, self.max, self._val = expr, int(nmin), int(nmax), None
     self._hash, self._key = hash((expr, self.min, self.max)), None
   def _fields(self) -> tuple: return (self.expr, self.min, self.max)
@@ -166,7 +203,8 @@ class Variable(Node):
   @property
   def val(self) -> Optional[int]: return self._val
   def bind(self, val: int) -> Variable:
-    if not isinstance(val, int) or not self.min <= val <= self.max:
+    if type(val) is not int and not isinstance(val, bool) and hasattr(type(val), "__index__"): val = operator.index(val)
+    if type(val) is not int or not self.min <= val <= self.max:
       raise ShapeError(f"cannot bind {self.expr} to {val!r}: outside [{self.min}, {self.max}]")
     v = Variable(self.expr, self.min, self.max)
     v._val = int(val)
@@ -285,9 +323,37 @@ class AndNode(_ListNode):
 
 # ***** simplifying builders (a is a Node, b an int or a non-constant Node) *****
 
+def _mul_nodes(a: Node, b: Node) -> Node:
+  """a*b of two non-constant Nodes in canonical form: the factors of both in canonical order as a left-deep chain
+  ((x*y)*z), their int coefficients multiplied into one outermost coefficient. A sum factor gives up its content
+  (the gcd of its coefficients, signed so its first term's is positive): (2x+2y)*z == (x+y)*(z*2)."""
+  coef, factors, stack = 1, [], [b, a]
+  while stack:
+    n = stack.pop()
+    if type(n) is SumNode:
+      n, g = _primitive(n)
+      coef *= g
+    if type(n) is not MulNode: factors.append(n)
+    elif type(n.b) is int:
+      coef *= n.b
+      stack.append(n.a)
+    elif isinstance(n.b, Node): stack.extend((n.b, n.a))
+  factors.sort(key=_order)
+  p = factors[0]
+  for f in factors[1:]: p = MulNode(p, f)
+  return p if coef == 1 else MulNode(p, coef)
+
+def _primitive(s: SumNode) -> tuple[Node, int]:
+  """(p, g) with s == p*g, g the gcd of s's coefficients and constant, negative when s's first coefficient is."""
+  terms, const = _const_split(s)
+  cs = [_split(t)[1] for t in terms]
+  g = gcd(const, *cs) * (-1 if cs[0] < 0 else 1)
+  if g == 1: return s, 1
+  return Node.sum([*(_mul(_split(t)[0], c // g) for t, c in zip(terms, cs)), const // g]), g
+
 def _mul(a: Node, b: sint) -> Node:
   if isinstance(b, Node):
-    if a.min != a.max: return MulNode(a, b)
+    if a.min != a.max: return _mul_nodes(a, b)
     a, b = b, a.min
   if a.min == a.max: return NumNode(a.min * b)
   if b == 0: return NumNode(0)
@@ -454,3 +520,5 @@ STR_OPS: RenderOps = {
   SumNode: lambda n, ops, ctx: f"({'+'.join(x.render(ops, ctx) for x in n.nodes)})",
   AndNode: lambda n, ops, ctx: f"({'&&'.join(x.render(ops, ctx) for x in n.nodes)})",
 }
+
+_RANK.update({NumNode: 0, Variable: 1, MulNode: 2, DivNode: 3, ModNode: 4, LtNode: 5, SumNode: 6, AndNode: 7})

@@ -75,17 +75,50 @@ def cache(fn: Callable) -> Callable:
 
 def _dim(x: Any, op: str, where: Any) -> sint:
   if type(x) is int:
-    if x >= 0: return x
+    if 0 <= x < 1 << 63: return x
   elif isinstance(x, Node):
     if x.min >= 0: return _canon(x)
   elif not isinstance(x, bool) and hasattr(type(x), "__index__"):
     return _dim(operator.index(x), op, where)
-  raise ShapeError(f"{op}: dimension {x!r} in {where} must be a non-negative int or Node")
+  raise ShapeError(f"{op}: dimension {x!r} in {where} must be a non-negative int (int64) or Node")
+
+_LIMIT = 1 << 63   # every int of a view (sizes, strides, offsets, mask bounds) fits an int64
+
+def _int_or_node(x: Any, what: str, where: Any) -> sint:
+  if type(x) is int:
+    if -_LIMIT <= x < _LIMIT: return x
+  elif isinstance(x, Node): return _canon(x)
+  elif not isinstance(x, bool) and hasattr(type(x), "__index__"): return _int_or_node(operator.index(x), what, where)
+  raise ShapeError(f"View.create: {what} {x!r} in {where!r} must be an int (int64) or Node")
+
+def _ints_or_nodes(xs: Any, what: str, shape: tuple[sint, ...]) -> tuple[sint, ...]:
+  if type(xs) is not tuple or not all(type(x) is int and -_LIMIT <= x < _LIMIT for x in xs):
+    xs = tuple(_int_or_node(x, what, xs) for x in _as_tuple(xs, f"View.create {what}", shape))
+  if len(xs) != len(shape): raise ShapeError(f"View.create: {what} {xs} need one entry per axis of shape {shape}")
+  return xs
+
+def _check_mask(mask: Any, shape: tuple[sint, ...]) -> Mask:
+  pairs = tuple(_as_tuple(m, "View.create mask", shape) for m in _as_tuple(mask, "View.create mask", shape))
+  if len(pairs) != len(shape) or any(len(p) != 2 for p in pairs):
+    raise ShapeError(f"View.create: mask {pairs!r} needs one (begin, end) pair per axis of shape {shape}")
+  ret = tuple((_int_or_node(b, "mask bound", pairs), _int_or_node(e, "mask bound", pairs)) for b, e in pairs)
+  for (b, e), s in zip(ret, shape):
+    if any(type(x) is int and not (0 <= x and (type(s) is not int or x <= s)) for x in (b, e)):
+      raise ShapeError(f"View.create: mask {ret} is outside shape {shape} (each bound in [0, size])")
+  return ret
 
 def _as_tuple(arg: Any, op: str, shape: tuple[sint, ...]) -> tuple:
   try: ret = tuple(arg)
   except TypeError: raise ShapeError(f"{op}: argument {arg!r} for shape {shape} is not a sequence") from None
   return ret
+
+def _as_ints(arg: Any, op: str, shape: tuple[sint, ...]) -> tuple[int, ...]:
+  """arg as a tuple of ints (numpy integers become ints; bools, floats and Nodes are refused before any cache)."""
+  ret = _as_tuple(arg, op, shape)
+  if all(type(x) is int for x in ret): return ret
+  if any(isinstance(x, bool) or not hasattr(type(x), "__index__") for x in ret):
+    raise ShapeError(f"{op}: argument {arg!r} for shape {shape} must hold ints")
+  return tuple(operator.index(x) for x in ret)
 
 def _as_shape(arg: Any, op: str, shape: tuple[sint, ...]) -> tuple[sint, ...]:
   return tuple(_dim(x, op, arg) for x in _as_tuple(arg, op, shape))
@@ -218,11 +251,12 @@ class View:
              mask: Optional[Sequence[tuple[sint, sint]]] = None) -> View:
     """The canonical View: stride 0 on size-1 axes and on axes with one valid position, no mask when it covers
     everything, and one all-masked form for a mask that selects nothing."""
-    if type(shape) is not tuple or (strides is not None and type(strides) is not tuple) or \
-       (mask is not None and (type(mask) is not tuple or any(type(m) is not tuple for m in mask))):
+    # checked before the cache: 4.0 == 4 and True == 1 hash alike, so a cache hit would accept them
+    if type(shape) is not tuple or not all(type(s) is int and 0 <= s < _LIMIT for s in shape):
       shape = _as_shape(shape, "View.create", ())
-      strides = None if strides is None else tuple(strides)
-      mask = None if mask is None else tuple((*m,) for m in mask)
+    if strides is not None: strides = _ints_or_nodes(strides, "strides", shape)
+    if type(offset) is not int or not -_LIMIT <= offset < _LIMIT: offset = _int_or_node(offset, "offset", offset)
+    if mask is not None: mask = _check_mask(mask, shape)
     return _create(shape, strides, offset, mask)
 
   def __hash__(self) -> int:
@@ -282,7 +316,7 @@ class View:
 
   def permute(self, axis: Sequence[int]) -> View:
     """New axis i is old axis axis[i]."""
-    return self._permute(_as_tuple(axis, "permute", self.shape))
+    return self._permute(_as_ints(axis, "permute", self.shape))
 
   def expand(self, new_shape: Sequence[sint]) -> View:
     """Size-1 axes broadcast to new sizes (stride 0); other axes keep their size."""
@@ -298,7 +332,7 @@ class View:
 
   def stride(self, mul: Sequence[int]) -> View:
     """Every |mul[i]|-th position of axis i, starting from the end when mul[i] < 0: new x = old x*|m| (or s-1-x*|m|)."""
-    return self._stride(_as_tuple(mul, "stride", self.shape))
+    return self._stride(_as_ints(mul, "stride", self.shape))
 
   def __add__(self, vm1: View) -> Optional[View]:
     """self (the lower view) seen through vm1 (which indexes self's elements in C order), as one View or None."""
