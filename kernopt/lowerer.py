@@ -22,17 +22,12 @@ I32, I64 = dtypes.int32, dtypes.int64
 INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
 MAX_ACCS = 32   # independent accumulators of one reduce, at most (CPU registers)
 
-_CONSTS: dict[int, UOp] = {}
-def _const(v: int) -> UOp:
-  if (u := _CONSTS.get(v)) is None:
-    if len(_CONSTS) > 4096: _CONSTS.clear()
-    u = _CONSTS[v] = UOp.const(I32, v)
-  return u
-_CONSTS64: dict[int, UOp] = {}
-def _const64(v: int) -> UOp:
-  if (u := _CONSTS64.get(v)) is None:
-    if len(_CONSTS64) > 4096: _CONSTS64.clear()
-    u = _CONSTS64[v] = UOp.const(I64, v)
+_CONSTS: dict[tuple[int, DType], UOp] = {}
+def _const(v: int, dt: DType = I32) -> UOp:
+  """The index constant v of dt (int32, or int64 in a kernel lowered with int64 indices), built once."""
+  if (u := _CONSTS.get((v, dt))) is None:
+    if len(_CONSTS) > 8192: _CONSTS.clear()
+    u = _CONSTS[(v, dt)] = UOp.const(dt, v)
   return u
 
 class _Wide(Exception):
@@ -201,7 +196,7 @@ class _Lowerer:
   def render(self, n: Any) -> UOp: return self.const(n) if isinstance(n, int) else n.render(RENDER_OPS, self)
 
   def const(self, v: int) -> UOp:
-    if self.idx_dt is I64: return _const64(v)
+    if self.idx_dt is I64: return _const(v, I64)
     if not INT32_MIN <= v <= INT32_MAX: raise _Wide
     return _const(v)
 

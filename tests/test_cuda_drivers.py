@@ -324,6 +324,14 @@ def test_import_kernopt_imports_no_driver():
 
 # ***** what the caller owns *****
 
+def launch_signature_program(dev):
+  """signature_program on dev, launched and waited for: an output written also as the unused input, a wrapped
+  external input, and an int32 and an int64 variable."""
+  runner = dev.compile(signature_program())
+  out = Buffer(dev, 8, F).copyin(np.zeros(8, np.float32))
+  runner(out, out, Buffer.from_device_pointer(dev, 0x7e0000000000, BIG, F), var_vals={"m": 3, "n": BIG_N},
+         wait=True)
+
 def test_pycuda_on_the_callers_context_and_stream(monkeypatch):
   """A framework's context (current in its thread, as pycuda.autoinit leaves it) and stream: no primary context, no
   push or pop, and every launch, event and copy on that stream."""
@@ -331,12 +339,7 @@ def test_pycuda_on_the_callers_context_and_stream(monkeypatch):
   install(monkeypatch, pyc, None)
   ctx, stream = pyc.Context("framework"), FakeStream("fw_stream", pyc.log)
   ctx.push()
-  dev = cuda.CUDADevice(driver="pycuda", context=ctx, stream=stream)
-  prg = signature_program()
-  runner = dev.compile(prg)
-  out = Buffer(dev, 8, F).copyin(np.zeros(8, np.float32))
-  runner(out, out, Buffer.from_device_pointer(dev, 0x7e0000000000, BIG, F), var_vals={"m": 3, "n": BIG_N},
-         wait=True)
+  launch_signature_program(cuda.CUDADevice(driver="pycuda", context=ctx, stream=stream))
   assert not any(e[0] == "retain" for e in pyc.log)
   for e in pyc.log:
     if e[0] in ("load", "alloc", "event", "launch", "htod"): assert e[-1] == "framework", e
@@ -348,12 +351,7 @@ def test_cuda_python_on_the_callers_context_and_stream(monkeypatch):
   cp = FakeCudaPython()
   install(monkeypatch, None, cp)
   cp.widths = [(8, False), (8, False), (4, True), (8, True)]
-  dev = cuda.CUDADevice(driver="cuda-python", context="framework", stream="fw_stream")
-  prg = signature_program()
-  runner = dev.compile(prg)
-  out = Buffer(dev, 8, F).copyin(np.zeros(8, np.float32))
-  runner(out, out, Buffer.from_device_pointer(dev, 0x7e0000000000, BIG, F), var_vals={"m": 3, "n": BIG_N},
-         wait=True)
+  launch_signature_program(cuda.CUDADevice(driver="cuda-python", context="framework", stream="fw_stream"))
   assert not any(e[0] == "retain" for e in cp.log)
   launch = next(e for e in cp.log if e[0] == "launch")
   assert launch[4] == "fw_stream" and launch[6] == "framework"
