@@ -13,6 +13,7 @@ from kernopt.shape.view import View
 from kernopt.shape.shapetracker import ShapeTracker
 from kernopt.ops import LazyOp
 from kernopt import ast
+from kernopt.ast import save, load_file as load
 
 __version__ = "0.1.0"
 
@@ -20,7 +21,7 @@ _LAZY = {"Kernel": "kernopt.kernel", "Opt": "kernopt.opt", "OptOps": "kernopt.op
          "Buffer": "kernopt.runtime", "compile": "kernopt.api", "compile_many": "kernopt.api", "stats": "kernopt.api"}
 __all__ = ["KernoptError", "ShapeError", "VerifyError", "KernelOptError", "UnsupportedError", "CompileError",
            "LaunchError", "DType", "ImageDType", "dtypes", "Config", "getconfig", "config_override", "__version__",
-           "Variable", "View", "ShapeTracker", "LazyOp", "ast", *_LAZY]
+           "Variable", "View", "ShapeTracker", "LazyOp", "ast", "save", "load", *_LAZY]
 
 def __getattr__(name: str) -> Any:
   if name in _LAZY: return getattr(importlib.import_module(_LAZY[name]), name)

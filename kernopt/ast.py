@@ -20,7 +20,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import ShapeError, VerifyError
 from kernopt.ops import (BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps,
-                         print_tree, verify_lazyop)
+                         load_ast as load_file, print_tree, save_ast as save,
+                         verify_lazyop)
 from kernopt.shape.shapetracker import ShapeTracker
 from kernopt.shape.symbolic import Node, Variable, sint
 from kernopt.shape.view import View
@@ -28,7 +29,7 @@ from kernopt.shape.view import View
 __all__ = ["view", "shape_of", "load", "const", "store", "kernel", "sink", "alu", "neg", "exp2", "log2", "sin",
            "sqrt", "recip", "add", "sub", "mul", "div", "idiv", "mod", "maximum", "cmplt", "cmpne", "xor", "and_",
            "or_", "shl", "shr", "where", "mulacc", "cast", "bitcast", "reduce", "sum", "max", "reshape", "permute",
-           "expand", "pad", "shrink", "stride", "compose", "print_tree", "LazyOp", "ShapeTracker", "View", "Variable",
+           "expand", "pad", "shrink", "stride", "compose", "save", "load_file", "print_tree", "LazyOp", "ShapeTracker", "View", "Variable",
            "dtypes"]
 
 ShapeLike = Union[Sequence[sint], ShapeTracker]
@@ -361,4 +362,5 @@ def shrink(x: LazyOp, arg: Sequence[tuple[sint, sint]]) -> LazyOp:
 def stride(x: LazyOp, mul: Sequence[int]) -> LazyOp:
   """Every |mul[i]|-th position of axis i, from the end when mul[i] < 0 (stride -1 flips an axis)."""
   return _move(x, "stride", lambda st: st.stride(mul))
+
 

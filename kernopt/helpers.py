@@ -90,6 +90,7 @@ class Config:
   CPU_MARCH: str = ""   # the CPU device's -march and ISA facts: x86-64-v2, x86-64-v3, x86-64-v4 or native (the default)
   CL_DEVICE: str = ""
   FUZZ_N: int = 0
+  SAVE_ASTS: str = ""   # a directory: every AST a Kernel is built from is saved there as <digest>.json
   COMPILE_TIMEOUT: float = 0.0   # seconds a device compiler may run before its build fails (0: no limit)
 
   @staticmethod

@@ -150,6 +150,7 @@ class Kernel:
       try: verify(self.ast)
       except AssertionError as e: raise VerifyError(f"invalid AST: {e}") from e
     op_sts = _derive_sts(self.ast)
+    if (save_dir := getconfig().SAVE_ASTS): ops.save_if_asked(self.ast, save_dir)
 
     order = _preorder(self.ast)
     # children first: a nested reduce comes before the reduce that consumes it

@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import numbers
+import os
 import reprlib
 import struct
 import sys
@@ -605,3 +606,33 @@ def value_to_json(x: Any) -> Any:
 def value_from_json(d: Any) -> Any:
   """The value value_to_json turned into d."""
   return _dec(d)
+
+# ***** AST files: the canonical JSON of ops.ast_dumps, one kernel per file *****
+
+def save_ast(ast: LazyOp, path: Union[str, os.PathLike]) -> str:
+  """Write `ast` to `path` as its canonical JSON (written whole or not at all). A directory as `path` names the
+  file `<digest>.json` inside it. Returns the path written."""
+  if not isinstance(ast, LazyOp): raise VerifyError(f"save takes a LazyOp, got {type(ast).__name__}")
+  path = os.fspath(path)
+  if os.path.isdir(path): path = os.path.join(path, f"{ast_digest(ast)}.json")
+  tmp = f"{path}.{os.getpid()}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f: f.write(ast_dumps(ast))
+  os.replace(tmp, path)
+  return path
+
+def load_ast(path: Union[str, os.PathLike]) -> LazyOp:
+  """The AST `save_ast` wrote to `path`, verified. A file that is not a serialized AST raises VerifyError naming it."""
+  try:
+    with open(path, encoding="utf-8") as f: d = json.load(f)
+  except (OSError, UnicodeDecodeError, ValueError) as e:
+    raise VerifyError(f"cannot read an AST from {os.fspath(path)!r}: {e}") from e
+  try: ast = ast_from_json(d)
+  except VerifyError as e: raise VerifyError(f"{os.fspath(path)!r}: {e}") from e
+  verify_lazyop(ast)
+  return ast
+
+def save_if_asked(ast: LazyOp, directory: str) -> None:
+  """SAVE_ASTS=dir: every AST a Kernel is built from lands in `directory` once, as `<digest>.json`."""
+  os.makedirs(directory, exist_ok=True)
+  path = os.path.join(directory, f"{ast_digest(ast)}.json")
+  if not os.path.exists(path): save_ast(ast, path)
