@@ -4,7 +4,9 @@ cache directory. Prints per kernel and in total the codegen time (AST to Program
 the cold build wall time with compile_many (compilers in parallel) against the same kernels compiled one at a time
 with the cache off, medians over rounds, every process fresh.
   python3 benchmarks/bench_embed.py [rounds]      (default 3)
-  python3 benchmarks/bench_embed.py --save-asts   (rewrites benchmarks/asts/*.json)"""
+  python3 benchmarks/bench_embed.py --save-asts   (rewrites benchmarks/asts/*.json)
+  python3 benchmarks/bench_embed.py --tensor [rounds]   (only examples/tensor's models end to end; also run last by
+                                                        the default; benchmarks/asts/tensor/ holds their kernels)"""
 from __future__ import annotations
 import json
 import os
@@ -68,7 +70,7 @@ def save_asts() -> None:
 def load_asts() -> dict[str, Any]:
   from kernopt.ops import ast_from_json
   ret = {}
-  for name in sorted(os.listdir(ASTS)):
+  for name in sorted(n for n in os.listdir(ASTS) if n.endswith(".json")):
     with open(os.path.join(ASTS, name)) as f: ret[name.removesuffix(".json")] = ast_from_json(json.load(f))
   return ret
 
@@ -97,6 +99,46 @@ def child(mode: str) -> None:
     out["wall_s"] = time.perf_counter() - t0
   out["stats"] = kernopt.stats()
   print(json.dumps(out))
+
+def tensor_child() -> None:
+  """examples/tensor's models end to end (build the graph, schedule, compile_many, run, read back) in this process:
+  the first call and a warm second one per model, with the kernel count and each kernel's fused shape."""
+  import numpy as np
+  from kernopt import Variable
+  from examples.tensor import fused_shape, realize_all
+  from examples.tensor import models as M
+  out: dict[str, Any] = {}
+  for name in M.MODELS:
+    times, shapes = [], []
+    for _ in range(2):
+      t0 = time.perf_counter()
+      _, outs = M.build(name, 16, "CPU", np.random.default_rng(0), Variable("batch", 1, 64), grad=name == "mlp")
+      ks = realize_all(*outs)
+      [o.numpy() for o in outs]
+      times.append(1e3 * (time.perf_counter() - t0))
+      shapes = [str(fused_shape(k.ast)).replace("<batch[1..64]>", "B") for k in ks]
+    out[name] = {"first_ms": times[0], "warm_ms": times[1], "kernels": shapes}
+  print(json.dumps(out))
+
+def tensor_main(rounds: int) -> None:
+  """Per model: first call in a cold process, warm call, first call in a warm second process; medians."""
+  first: dict[str, list[float]] = {}
+  warm: dict[str, list[float]] = {}
+  second: dict[str, list[float]] = {}
+  shapes: dict[str, list[str]] = {}
+  for _ in range(rounds):
+    with tempfile.TemporaryDirectory(prefix="kernopt_tensor_") as d:
+      a, b = run_child("tensor", d), run_child("tensor", d)
+      for name in a:
+        first.setdefault(name, []).append(a[name]["first_ms"])
+        warm.setdefault(name, []).append(a[name]["warm_ms"])
+        second.setdefault(name, []).append(b[name]["first_ms"])
+        shapes[name] = a[name]["kernels"]
+  print(f"examples/tensor models end to end on CPU, batch 16 of a symbolic batch; medians of {rounds} rounds")
+  print(f"{'model':10s} {'first ms':>9s} {'warm ms':>9s} {'2nd proc ms':>11s} {'kernels':>7s}  fused shapes")
+  for name in first:
+    print(f"{name:10s} {statistics.median(first[name]):9.1f} {statistics.median(warm[name]):9.1f} "
+          f"{statistics.median(second[name]):11.1f} {len(shapes[name]):7d}  {' '.join(shapes[name])}")
 
 def run_child(mode: str, cache_dir: str, disable_cache: bool = False) -> dict[str, Any]:
   env = {**os.environ, "CACHE_DIR": cache_dir, "DISABLE_CACHE": "1" if disable_cache else "0"}
@@ -133,6 +175,7 @@ def main(rounds: int) -> None:
   mm, ms = statistics.median(many), statistics.median(serial)
   print(f"cold build of {len(cold)} kernels: compile_many {mm:.2f} s, one at a time with the cache off {ms:.2f} s, "
         f"ratio {mm / ms:.2f}")
+  tensor_main(rounds)
 
 def _cpu_model() -> str:
   try:
@@ -141,6 +184,8 @@ def _cpu_model() -> str:
   except OSError: return "unknown CPU"
 
 if __name__ == "__main__":
-  if sys.argv[1:2] == ["--child"]: child(sys.argv[2])
+  if sys.argv[1:3] == ["--child", "tensor"]: tensor_child()
+  elif sys.argv[1:2] == ["--child"]: child(sys.argv[2])
+  elif sys.argv[1:2] == ["--tensor"]: tensor_main(int(sys.argv[2]) if len(sys.argv) > 2 else 3)
   elif sys.argv[1:2] == ["--save-asts"]: save_asts()
   else: main(int(sys.argv[1]) if len(sys.argv) > 1 else 3)

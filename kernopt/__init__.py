@@ -18,7 +18,8 @@ from kernopt.ast import save, load_file as load
 __version__ = "0.1.0"
 
 _LAZY = {"Kernel": "kernopt.kernel", "Opt": "kernopt.opt", "OptOps": "kernopt.opt", "Device": "kernopt.runtime",
-         "Buffer": "kernopt.runtime", "compile": "kernopt.api", "compile_many": "kernopt.api", "stats": "kernopt.api"}
+         "Buffer": "kernopt.runtime", "compile": "kernopt.api", "compile_many": "kernopt.api", "stats": "kernopt.api",
+         "check": "kernopt.refusals"}
 __all__ = ["KernoptError", "ShapeError", "VerifyError", "KernelOptError", "UnsupportedError", "CompileError",
            "LaunchError", "DType", "ImageDType", "dtypes", "Config", "getconfig", "config_override", "__version__",
            "Variable", "View", "ShapeTracker", "LazyOp", "ast", "save", "load", *_LAZY]

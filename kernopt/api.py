@@ -6,12 +6,13 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextvars
 import os
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Union
-from kernopt import program_cache
+from typing import TYPE_CHECKING, Any, Iterable, Literal, NamedTuple, Optional, Union, overload
+from kernopt import debug, program_cache
 from kernopt.errors import KernoptError, VerifyError
 from kernopt.helpers import STATS, getconfig
 from kernopt.ops import LazyOp
 if TYPE_CHECKING:
+  from kernopt.heuristics import Explanation
   from kernopt.kernel import Kernel
   from kernopt.renderers import Program
   from kernopt.runtime import Compiled, CompiledRunner
@@ -38,28 +39,54 @@ def optimize(ast: LazyOp, renderer: Any, beam: int = 0, device: Optional[Compile
 def program(ast: LazyOp, device: Union[str, Compiled, None] = None, *, beam: Optional[int] = None,
             cache: bool = True) -> Program:
   """The rendered Program `compile` would build (from the program cache when it holds it)."""
+  return _program(ast, device, beam, cache, False)[0]
+
+def _program(ast: LazyOp, device: Union[str, Compiled, None], beam: Optional[int], cache: bool,
+             want_kernel: bool) -> tuple[Program, Optional[Kernel]]:
+  """`program`, and the optimized Kernel when want_kernel (rebuilt without rendering on a program-cache hit)."""
   if not isinstance(ast, LazyOp): raise VerifyError(f"compile takes a LazyOp AST, got {type(ast).__name__}")
+  debug.forget_cache_events()   # DEBUG=1 reports the caches' answers for this kernel from here on
   dev = _device(device)
   width = getconfig().BEAM if beam is None else beam
   if not isinstance(width, int) or isinstance(width, bool) or width < 0:
     raise VerifyError(f"beam must be a non-negative int, got {width!r}")
   use_cache = cache and not dev.interprets_uops
   key = program_cache.program_key(ast, dev.renderer, f"beam{width}" if width else "protocol") if use_cache else ""
-  if use_cache and (prg := program_cache.get(key)) is not None: return prg
-  prg = optimize(ast, dev.renderer, width, dev).to_program()
+  if use_cache and (prg := program_cache.get(key)) is not None:
+    return prg, optimize(ast, dev.renderer, width, dev) if want_kernel else None
+  k = optimize(ast, dev.renderer, width, dev)
+  prg = k.to_program()
   if use_cache: program_cache.put(key, prg)
-  return prg
+  return prg, k
 
+class Explained(NamedTuple):
+  """What `compile(..., explain=True)` returns: the runner and the decisions that chose its Opts."""
+  runner: CompiledRunner
+  explanation: Explanation
+
+@overload
 def compile(ast: LazyOp, device: Union[str, Compiled, None] = None, *, beam: Optional[int] = None,
-            cache: bool = True) -> CompiledRunner:
+            cache: bool = True, explain: Literal[False] = False) -> CompiledRunner: ...
+@overload
+def compile(ast: LazyOp, device: Union[str, Compiled, None] = None, *, beam: Optional[int] = None,
+            cache: bool = True, explain: Literal[True]) -> Explained: ...
+def compile(ast: LazyOp, device: Union[str, Compiled, None] = None, *, beam: Optional[int] = None,
+            cache: bool = True, explain: bool = False) -> Union[CompiledRunner, Explained]:
   """The runner of ast on `device` (a name or a Device[...] object; default: the DEVICE knob, else CPU's native
   profile for this host). `beam` (default: the BEAM knob; 0 or unset: the standard protocol) searches with that
   beam width through the tuning cache. With `cache`, the rendered Program comes from the program cache when a
   process built it before (the AST, the device's capabilities, the codegen knobs and kernopt's source all equal),
   and binaries from the device's binary cache. Call the runner with one Buffer per MemBuffer index of the AST, in
-  index order: `runner(*buffers, var_vals={...}, wait=True)`."""
+  index order: `runner(*buffers, var_vals={...}, wait=True)`. With `explain=True` it returns `Explained(runner,
+  explanation)`: `explanation` is the optimized Kernel's `explain()` (each heuristic's rule, the values that decided
+  it and its Opt or why none; a searched kernel's Opts appear as "direct"); on a program-cache hit the Kernel is
+  optimized again, without rendering, to explain it."""
   dev = _device(device)
-  return dev.compile(program(ast, dev, beam=beam, cache=cache))
+  prg, k = _program(ast, dev, beam, cache, bool(explain))
+  runner = dev.compile(prg)
+  if not explain: return runner
+  assert k is not None, "_program returns the kernel when asked"
+  return Explained(runner, k.explain())
 
 def compile_many(asts: Iterable[LazyOp], device: Union[str, Compiled, None] = None, *, beam: Optional[int] = None,
                  cache: bool = True, workers: Optional[int] = None) -> list[Union[CompiledRunner, KernoptError]]:
@@ -90,4 +117,4 @@ def stats() -> dict[str, int]:
           "tuning_cache_hits")
   return {k: STATS.get(k, 0) for k in keys} | {k: v for k, v in STATS.items() if k not in keys}
 
-__all__ = ["compile", "compile_many", "program", "optimize", "stats"]
+__all__ = ["compile", "compile_many", "program", "optimize", "stats", "Explained"]

@@ -16,6 +16,7 @@ other operand's dtype and shape. Imports only the standard library and the core 
 from __future__ import annotations
 import dataclasses
 import math
+import weakref
 from typing import Any, Callable, Optional, Sequence, Union
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import ShapeError, VerifyError
@@ -29,7 +30,8 @@ from kernopt.shape.view import View
 __all__ = ["view", "shape_of", "load", "const", "store", "kernel", "sink", "alu", "neg", "exp2", "log2", "sin",
            "sqrt", "recip", "add", "sub", "mul", "div", "idiv", "mod", "maximum", "cmplt", "cmpne", "xor", "and_",
            "or_", "shl", "shr", "where", "mulacc", "cast", "bitcast", "reduce", "sum", "max", "reshape", "permute",
-           "expand", "pad", "shrink", "stride", "compose", "save", "load_file", "print_tree", "LazyOp", "ShapeTracker", "View", "Variable",
+           "expand", "pad", "shrink", "stride", "compose", "save", "load_file", "print_tree",
+           "LazyOp", "ShapeTracker", "View", "Variable",
            "dtypes"]
 
 ShapeLike = Union[Sequence[sint], ShapeTracker]
@@ -65,14 +67,24 @@ def shape_of(x: LazyOp) -> tuple[sint, ...]:
   """The shape of op x: its buffer's for LOAD/CONST/STORE, its first source's for an elementwise op, and its
   source's with the reduced axes set to 1 for a reduce."""
   if not isinstance(x, LazyOp): raise VerifyError(f"expected a LazyOp, got {type(x).__name__} {x!r}")
-  if x.op in BufferOps:
-    if x.op is BufferOps.LOAD and x.src: return shape_of(x.src[0].src[0])  # a local buffer: its stored value's
-    return x.arg.st.shape
-  if x.op is MetaOps.KERNEL: return shape_of(x.src[0])
-  if x.op in ReduceOps:
-    axes = x.arg.reduce_axes if x.op is ReduceOps.WMMA else x.arg
-    return tuple(1 if i in axes else s for i, s in enumerate(shape_of(x.src[0])))
-  return shape_of(x.src[0])
+  # down the first sources to an op whose shape is known, then back up; remembered per op, so building a chain of
+  # n ops op by op costs O(n), without recursion
+  path: list[LazyOp] = []
+  while (shape := _SHAPES.get(x)) is None:
+    if x.op in BufferOps and not (x.op is BufferOps.LOAD and x.src):
+      shape = x.arg.st.shape
+      break
+    if not x.src or (x.op is BufferOps.LOAD and not x.src[0].src): raise VerifyError(f"{x.op} has no sources")
+    path.append(x)
+    x = x.src[0].src[0] if x.op is BufferOps.LOAD else x.src[0]  # a local buffer: its stored value's shape
+  for y in reversed(path):
+    if y.op in ReduceOps:
+      axes = y.arg.reduce_axes if y.op is ReduceOps.WMMA else y.arg
+      shape = tuple(1 if i in axes else s for i, s in enumerate(shape))
+    _SHAPES[y] = shape
+  return shape
+
+_SHAPES: weakref.WeakKeyDictionary[LazyOp, tuple[sint, ...]] = weakref.WeakKeyDictionary()
 
 def _value_dtype(x: LazyOp) -> Any:
   """The dtype of x's values: an image's base type for a LOAD of an image."""
@@ -105,7 +117,8 @@ def _const_val(val: Any, dtype: DType) -> Any:
 def const(val: Union[bool, int, float, Node], dtype: DType, shape_or_st: ShapeLike) -> LazyOp:
   """CONST `val` of `dtype`, broadcast (stride 0) to a shape, or viewed through a given ShapeTracker.
   `val` may be a symbolic expression of the kernel's Variables (`Variable("n", 1, 64)`, `n * 2`), e.g. the 1/n of a
-  mean over a symbolic axis; the verifier refuses such a CONST (VerifyError in `kernel`) until issue 17 lands."""
+  mean over a symbolic axis (`recip(cast(const(n, dtypes.int32, shape), dtypes.float))`, or `const(n, dtypes.float,
+  shape)`: the float value of n). It renders from the launch's var_vals (docs/fusion.md)."""
   dtype = _dtype(dtype, "const")
   if isinstance(shape_or_st, ShapeTracker): st = shape_or_st
   else:

@@ -31,7 +31,8 @@ _ANSI = re.compile(r"\x1b\[\d+m")
 _COLORS = ["black", "red", "green", "yellow", "blue", "magenta", "cyan", "white"]
 
 def colored(text: Any, color: Optional[str], background: bool = False) -> str:
-  """text wrapped in an ANSI colour; an upper-case colour name selects the bright variant."""
+  """text wrapped in an ANSI colour; an upper-case colour name selects the bright variant. (What is printed goes
+  through kernopt.debug, which strips the escapes unless the stream is a terminal and NO_COLOR is unset.)"""
   if color is None: return str(text)
   code = 10 * background + 60 * color.isupper() + 30 + _COLORS.index(color.lower())
   return f"\x1b[{code}m{text}\x1b[0m"
@@ -130,8 +131,18 @@ def config_override(**knobs: Any) -> Iterator[Config]:
 STATS: dict[str, int] = {}
 _stats_lock = threading.Lock()
 
+_thread_stats = threading.local()   # the same counts, per thread (what DEBUG=1 reports for the kernel it builds)
+
 def count(event: str, n: int = 1) -> None:
   with _stats_lock: STATS[event] = STATS.get(event, 0) + n
+  mine = _thread_stats.__dict__
+  mine[event] = mine.get(event, 0) + n
+
+def take_thread_counts() -> dict[str, int]:
+  """The events this thread counted since its last call (and forget them)."""
+  ret = dict(_thread_stats.__dict__)
+  _thread_stats.__dict__.clear()
+  return ret
 
 @functools.lru_cache(None)
 def source_digest() -> str:

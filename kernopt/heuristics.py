@@ -1,9 +1,12 @@
 """The spec's hand-coded heuristics: which Opts a Kernel gets when nobody searched. Each rule is a function of the
-kernel that applies Opts through `Kernel.apply_opt`, so every choice passes its checks. Imports helpers, errors,
-dtype, ops and opt; the Kernel is passed in."""
+kernel that applies Opts through `Kernel.apply_opt`, so every choice passes its checks, and records a `Decision`
+(the rule, the values that decided it, the Opt or why none) in the kernel's trace, which `Kernel.explain()` returns.
+Imports helpers, errors, dtype, ops and opt; the Kernel is passed in."""
 from __future__ import annotations
 import itertools
-from typing import TYPE_CHECKING, Any, Optional, TypeGuard
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, TypeGuard
 from kernopt.dtype import ImageDType
 from kernopt.errors import KernelOptError
 from kernopt.helpers import all_int, getconfig, prod
@@ -11,6 +14,83 @@ from kernopt.ops import BinaryOps, BufferOps, ReduceOps
 from kernopt.opt import Opt, OptOps
 
 if TYPE_CHECKING: from kernopt.kernel import Kernel
+
+# ***** decisions: what a rule chose and why *****
+
+@dataclass(frozen=True)
+class Decision:
+  """One step of a heuristic: `rule` (a name in some module's RULES), `facts` (the values that decided it, taken from
+  the kernel before `opt` was applied: full_shape always; axis is an axis of the full shape, size its size there,
+  strides every tracker's last-view stride on it, buffer_strides every buffer's real stride on it ignoring masks),
+  the Opt applied (None: none) and a one-line reason."""
+  rule: str
+  facts: Mapping[str, Any]
+  opt: Optional[Opt]
+  reason: str
+
+  def __post_init__(self) -> None: object.__setattr__(self, "facts", MappingProxyType(dict(self.facts)))
+  def __hash__(self) -> int: return hash((self.rule, tuple(self.facts.items()), self.opt, self.reason))
+
+  def __str__(self) -> str:
+    opt = "-" if self.opt is None else f"{self.opt.op.name}" + \
+      "".join(f" {k}={v}" for k, v in (("axis", self.opt.axis), ("amt", self.opt.amt)) if v is not None)
+    facts = " ".join(f"{k}={_show(v)}" for k, v in self.facts.items())
+    return f"{self.rule:<24} {opt:<22} {self.reason}  [{facts}]"
+
+def _show(v: Any) -> str:
+  if isinstance(v, tuple): return "(" + ",".join(_show(x) for x in v) + ")"
+  return v.render() if hasattr(v, "render") else str(v)
+
+@dataclass(frozen=True)
+class Explanation:
+  """The decisions that shaped a kernel, in the order they were made. Applying `opts` in order to a fresh Kernel of
+  the same AST and renderer gives the same `applied_opts`."""
+  decisions: tuple[Decision, ...]
+
+  @property
+  def opts(self) -> tuple[Opt, ...]: return tuple(d.opt for d in self.decisions if d.opt is not None)
+  @property
+  def rules(self) -> tuple[str, ...]: return tuple(d.rule for d in self.decisions)
+  def __iter__(self) -> Iterator[Decision]: return iter(self.decisions)
+  def __len__(self) -> int: return len(self.decisions)
+  def __str__(self) -> str: return "\n".join(str(d) for d in self.decisions)
+
+def decide(k: Kernel, rule: str, reason: str, **facts: Any) -> None:
+  """Record that `rule` chose no Opt, and why (full_shape is added to facts)."""
+  k.record(Decision(rule, {"full_shape": k.full_shape, **facts}, None, reason))
+
+def apply(k: Kernel, rule: str, opt: Opt, reason: str, **facts: Any) -> None:
+  """Apply opt (KernelOptError propagates, nothing recorded) and record the decision with the facts before it."""
+  shape = k.full_shape
+  k.apply_opt(opt)
+  k.record(Decision(rule, {"full_shape": shape, **facts}, opt, reason))
+
+def try_apply(k: Kernel, rule: str, opt: Opt, reason: str, **facts: Any) -> bool:
+  """`apply`, False (k unchanged, nothing recorded) when the kernel refuses opt."""
+  try: apply(k, rule, opt, reason, **facts)
+  except KernelOptError: return False
+  return True
+
+def view_strides(k: Kernel, axis: int) -> tuple:
+  """Every tracker's last-view stride on axis (the spec's broadcast test reads these)."""
+  return tuple(st.views[-1].strides[axis] for st in k.sts)
+
+# each rule's name, as Decisions cite it, and what it does
+RULES: dict[str, str] = {
+  "spec.matvec": "a SUM of a contiguous row times a vector: GROUP the reduce over MV_THREADS_PER_ROW threads, LOCAL "
+                 "MV_BLOCKSIZE rows, UPCAST MV_ROWS_PER_THREAD rows",
+  "spec.grouptop": "at most 2048 outputs: GROUPTOP the reduce over 256 (at most 32 outputs) or 16 threads",
+  "spec.upcastmid": "an image output of a grouped reduce: UPCASTMID its single unit-stride axis by 4",
+  "spec.image_upcast": "each image buffer: UPCAST (UNROLL on a reduce axis) its first unit-stride axis by 4",
+  "spec.grouped": "a reduce grouped in shared memory gets nothing more",
+  "spec.masked_upcast": "UPCAST whole masked axes of at most 7, while the upcast lanes stay within 49",
+  "spec.broadcast_upcast": "while at least 1024 outputs: UPCAST by 3 or 4 an axis some buffer broadcasts",
+  "spec.reduce_unroll": "UNROLL a last reduce axis of at most 32 entirely (a second too when both are at most 3), "
+                        "else by 4",
+  "spec.default_upcast": "nothing upcast yet: UPCAST the last axis by 4",
+  "spec.nolocals": "the NOLOCALS knob: turn locals off",
+  "spec.locals": "LOCAL up to three global axes, broadcast ones and later ones first, at most 128 threads",
+}
 
 def _is_int(x: Any) -> TypeGuard[int]: return type(x) is int
 def _divides(size: Any, amt: int) -> bool:
@@ -25,55 +105,94 @@ def hand_coded(k: Kernel) -> None:
   out = k.sts[0]
   if k.opts.has_local and k.opts.has_shared and all_int(out.shape[:k.first_reduce]):
     _group_small_outputs(k)
+  else:
+    why = "no local threads" if not k.opts.has_local else "no shared memory" if not k.opts.has_shared else \
+      "the output shape is symbolic"
+    decide(k, "spec.grouptop", why, has_local=k.opts.has_local, has_shared=k.opts.has_shared)
   _upcast_images(k)
-  if k.group_for_reduces: return
+  if k.group_for_reduces:
+    decide(k, "spec.grouped", "the reduce is grouped in shared memory: no more upcasts or locals",
+           group_for_reduces=k.group_for_reduces)
+    return
   _upcast_masked(k)
   _upcast_broadcasts(k)
   _unroll_reduce(k)
-  if k.upcasted == 0 and k.full_unupcasted_shape and _divides(k.full_unupcasted_shape[-1], 4):
-    k.apply_opt(Opt(OptOps.UPCAST, len(k.full_unupcasted_shape) - 1, 4))
+  _default_upcast(k)
   if k.opts.has_local: _add_locals(k)
+  else: decide(k, "spec.locals", f"{k.opts.device} has no local threads", has_local=False)
 
 def _matvec(k: Kernel) -> bool:
   """Matrix-vector heuristic: group the contiguous reduce across threads, block the rows. True if applied."""
   cfg = getconfig()
   bs, tpr, rpt = cfg.MV_BLOCKSIZE, cfg.MV_THREADS_PER_ROW, cfg.MV_ROWS_PER_THREAD
+  def no(why: str, **facts: Any) -> bool:
+    decide(k, "spec.matvec", why, **facts)
+    return False
+  if not (k.opts.has_local and k.opts.has_shared): return no("needs local threads and shared memory",
+                                                           has_local=k.opts.has_local, has_shared=k.opts.has_shared)
+  if not (cfg.MV != 0 and (bs > 1 or tpr > 1 or rpt > 1)):
+    return no("turned off by the MV knobs", MV=cfg.MV, MV_BLOCKSIZE=bs, MV_THREADS_PER_ROW=tpr, MV_ROWS_PER_THREAD=rpt)
   r = k.reduceop
-  if not (k.opts.has_local and k.opts.has_shared and cfg.MV != 0 and (bs > 1 or tpr > 1 or rpt > 1) and
-          r is not None and r.op is ReduceOps.SUM and k.shape_len >= 2 and len(k.reduceops) == 1): return False
+  if not (r is not None and r.op is ReduceOps.SUM and k.shape_len >= 2 and len(k.reduceops) == 1):
+    return no("needs exactly one SUM reduce and at least 2 axes", reduces=tuple(x.op.name for x in k.reduceops),
+              shape_len=k.shape_len)
   mul = r.src[0]
   if not (mul.op is BinaryOps.MUL and all(s.op is BufferOps.LOAD for s in mul.src[:2]) and len(mul.src) == 2):
-    return False
-  st0, st1 = k.sts[k.bufs.index(mul.src[0].arg)], k.sts[k.bufs.index(mul.src[1].arg)]
+    return no(f"the reduce is over {mul.op.name}, not a MUL of two loads")
+  b0, b1 = k.bufs.index(mul.src[0].arg), k.bufs.index(mul.src[1].arg)
+  st0, st1 = k.sts[b0], k.sts[b1]
   s0, s1 = st0.real_strides(), st1.real_strides()
   def expanded(shape: tuple, strides: tuple) -> bool:
     return any(st == 0 and not (_is_int(s) and s <= 1) for s, st in zip(shape, strides))
   fr = k.first_reduce
-  if s0[fr] != 1 or (expanded(st0.shape, s0) and expanded(st1.shape, s1)): return False
+  facts = {"first_reduce": fr, "operands": (b0, b1), "operand_strides": (s0, s1)}
+  if s0[fr] != 1: return no(f"the first operand's stride on the first reduce axis is {_show(s0[fr])}, not 1", **facts)
+  if expanded(st0.shape, s0) and expanded(st1.shape, s1): return no("both operands are broadcast", **facts)
   for g in range(k.global_dims):
     if _divides(k.full_shape[fr], tpr) and _divides(k.full_shape[g], bs * rpt):
-      if cfg.DEBUG >= 3: print(f"MATVEC: full_shape={k.full_shape} first_reduce={fr} {s0=} {bs=} {tpr=} {rpt=}")
-      if tpr > 1: k.apply_opt(Opt(OptOps.GROUP, 0, tpr))
-      if bs > 1: k.apply_opt(Opt(OptOps.LOCAL, g, bs))
-      if rpt > 1: k.apply_opt(Opt(OptOps.UPCAST, g, rpt))
+      knobs = {"MV_BLOCKSIZE": bs, "MV_THREADS_PER_ROW": tpr, "MV_ROWS_PER_THREAD": rpt}
+      facts |= {"reduce_size": k.full_shape[fr], **knobs}
+      if tpr > 1: apply(k, "spec.matvec", Opt(OptOps.GROUP, 0, tpr), "a contiguous row times a vector: the reduce "
+                        "split over MV_THREADS_PER_ROW threads", **facts)
+      if bs > 1: apply(k, "spec.matvec", Opt(OptOps.LOCAL, g, bs), "MV_BLOCKSIZE rows per work-group", axis=g,
+                       size=k.full_shape[g], **knobs)
+      if rpt > 1: apply(k, "spec.matvec", Opt(OptOps.UPCAST, g, rpt), "MV_ROWS_PER_THREAD rows per thread", axis=g,
+                        size=k.full_shape[g], **knobs)
       return True
-  return False
+  return no(f"no global axis divisible by MV_BLOCKSIZE*MV_ROWS_PER_THREAD={bs * rpt} with the reduce divisible by "
+            f"MV_THREADS_PER_ROW={tpr}", **facts)
 
 def _group_small_outputs(k: Kernel) -> None:
   fr, out = k.first_reduce, k.sts[0]
   n_out = prod(out.shape[:fr])
-  if not k.float4_axis(0) and fr <= 2 and fr + 1 <= k.shape_len and n_out <= 2048:
-    for sz in ((256, 16) if n_out <= 32 else (16,)):
+  facts = {"outputs": n_out, "limit": 2048, "first_reduce": fr}
+  if k.float4_axis(0): decide(k, "spec.grouptop", "the output already has an upcast float4 axis", **facts)
+  elif fr > 2: decide(k, "spec.grouptop", "the reduce starts after axis 2", **facts)
+  elif fr + 1 > k.shape_len: decide(k, "spec.grouptop", "no reduce axis", **facts)
+  elif n_out > 2048: decide(k, "spec.grouptop", f"{n_out} outputs is over 2048", **facts)
+  else:
+    sizes = (256, 16) if n_out <= 32 else (16,)
+    for sz in sizes:
       if all(_divides(st.shape[fr], sz) or st.shape[fr] == 1 for st in k.sts):
         try:
-          k.apply_opt(Opt(OptOps.GROUPTOP, 0, sz))
+          apply(k, "spec.grouptop", Opt(OptOps.GROUPTOP, 0, sz), f"{n_out} outputs: the reduce split over {sz} threads",
+                **facts, axis=fr, size=k.full_shape[fr])
           break
         except KernelOptError: pass
+    else: decide(k, "spec.grouptop", f"no GROUPTOP of {sizes} divides the reduce in every tracker or was accepted",
+                 **facts, axis=fr, size=k.full_shape[fr])
   out = k.sts[0]
-  if k.bufs[0].dtype.name.startswith("image") and not k.float4_axis(0) and k.group_for_reduces and \
-     k.first_reduce <= 2 and all_int(out.shape) and prod(out.shape) > 1:
-    axes = out.unit_stride_axes()
-    if len(axes) == 1 and _divides(out.shape[axes[0]], 4): k.apply_opt(Opt(OptOps.UPCASTMID, axes[0], 4))
+  if k.bufs[0].dtype.name.startswith("image"):
+    if not k.float4_axis(0) and k.group_for_reduces and k.first_reduce <= 2 and all_int(out.shape) and \
+       prod(out.shape) > 1:
+      axes = out.unit_stride_axes()
+      if len(axes) == 1 and _divides(out.shape[axes[0]], 4):
+        apply(k, "spec.upcastmid", Opt(OptOps.UPCASTMID, axes[0], 4), "the image output's one unit-stride axis",
+              axis=axes[0], size=k.full_shape[axes[0]])
+      else: decide(k, "spec.upcastmid", "the output has no single unit-stride axis divisible by 4",
+                   unit_stride_axes=tuple(axes))
+    else: decide(k, "spec.upcastmid", "needs a grouped reduce of at most 2 output axes into an image without a float4 "
+                 "axis", group_for_reduces=k.group_for_reduces, first_reduce=k.first_reduce)
 
 def _upcast_images(k: Kernel) -> None:
   for i, buf in enumerate(k.bufs):
@@ -81,9 +200,15 @@ def _upcast_images(k: Kernel) -> None:
     st = k.sts[i]
     axes = [a for a in st.unit_stride_axes(ignore_valid=True) if _divides(st.shape[a], 4)]
     end = k.shape_len - k.upcasted
+    facts = {"buffer": i, "unit_stride_axes": tuple(axes), "first_reduce": k.first_reduce}
     if axes and all(a < end for a in axes) and axes[0] not in k.upcast_in_mid_reduce_axes:
-      if axes[0] < k.first_reduce: k.apply_opt(Opt(OptOps.UPCAST, axes[0], 4))
-      else: k.apply_opt(Opt(OptOps.UNROLL, axes[0] - k.first_reduce, 4))
+      facts |= {"axis": axes[0], "size": k.full_shape[axes[0]]}
+      if axes[0] < k.first_reduce:
+        apply(k, "spec.image_upcast", Opt(OptOps.UPCAST, axes[0], 4), f"image buffer {i}: float4 texels", **facts)
+      else: apply(k, "spec.image_upcast", Opt(OptOps.UNROLL, axes[0] - k.first_reduce, 4),
+                  f"image buffer {i}: float4 texels along a reduce axis", **facts)
+    else: decide(k, "spec.image_upcast", f"image buffer {i} has no unit-stride axis divisible by 4 left in loops",
+                 **facts)
 
 def _upcast_masked(k: Kernel) -> None:
   """Fully upcast small masked axes (e.g. from a stack or a pad), leading axes first, up to 49 lanes in all."""
@@ -92,15 +217,19 @@ def _upcast_masked(k: Kernel) -> None:
     size = k.full_shape[axis]
     if _is_int(size) and size <= 7 and any(st.axis_is_masked(axis) for st in k.sts) and \
        prod(k.full_shape[k.shape_len - k.upcasted:]) * prod(k.full_shape[j] for j in chosen) * size <= 49:
-      if getconfig().DEBUG >= 4: print(f"upcasting masked axis : {axis}")
       chosen.append(axis)
-  for axis in reversed(chosen): k.apply_opt(Opt(OptOps.UPCAST, axis, 0))
+  if not chosen: decide(k, "spec.masked_upcast", "no masked output axis of at most 7 fits within 49 lanes",
+                        limit=7, lanes=49)
+  for axis in reversed(chosen):
+    apply(k, "spec.masked_upcast", Opt(OptOps.UPCAST, axis, 0), f"axis {axis} is masked and at most 7",
+          axis=axis, size=k.full_shape[axis], limit=7, lanes=49)
 
 def _upcast_broadcasts(k: Kernel) -> None:
   """While the output has >= 1024 elements, upcast by 3 or 4 an axis some buffer broadcasts (stride 0), preferring
   axes few buffers walk and with small strides."""
   done: set[int] = set()
-  while all_int(k.sts[0].shape[:k.first_reduce]) and prod(k.sts[0].shape[:k.first_reduce]) >= 1024:
+  rule = "spec.broadcast_upcast"
+  while all_int(k.sts[0].shape[:k.first_reduce]) and (n_out := prod(k.sts[0].shape[:k.first_reduce])) >= 1024:
     choices = []
     for axis, amt in itertools.product(range(k.first_reduce), (3, 4)):
       if axis in done or not _is_int(k.full_shape[axis]) or k.full_shape[axis] % amt: continue
@@ -108,32 +237,59 @@ def _upcast_broadcasts(k: Kernel) -> None:
              for i, st in enumerate(k.sts)):
         strides = [st.views[-1].strides[axis] for st in k.sts]
         choices.append((sum(_stride_key(s) > 0 for s in strides), sum(_stride_key(s) for s in strides), axis, amt))
-    if not choices: break
+    if not choices:
+      decide(k, rule, "no axis left that 3 or 4 divides and some buffer broadcasts", outputs=n_out, limit=1024)
+      return
     _, _, axis, amt = min(choices)
-    if getconfig().DEBUG >= 4: print(f"float4 merging axis : {sorted(choices)}")
-    k.apply_opt(Opt(OptOps.UPCAST, axis, amt))
+    apply(k, rule, Opt(OptOps.UPCAST, axis, amt), f"{n_out} outputs: the broadcast axis fewest buffers walk, "
+          "smallest strides first", outputs=n_out, limit=1024, axis=axis, size=k.full_shape[axis],
+          strides=view_strides(k, axis), choices=tuple(sorted(choices)))
     done.add(axis)
+  decide(k, rule, "fewer than 1024 outputs (or a symbolic output)", outputs=prod(k.sts[0].shape[:k.first_reduce]),
+         limit=1024)
 
 def _unroll_reduce(k: Kernel) -> None:
   """Unroll a small last reduce axis entirely (and a second one if both are <= 3), else by 4."""
-  if k.first_reduce >= k.shape_len - k.upcasted: return
+  rule = "spec.reduce_unroll"
+  if k.first_reduce >= k.shape_len - k.upcasted:
+    decide(k, rule, "no reduce axis left in loops")
+    return
   lanes = prod(k.sts[k.full_buf_index].shape[k.shape_len - k.upcasted:]) if k.upcasted else 1
-  if not (lanes <= 4 or not any(r for _, _, r in k.upcasted_axis(k.full_buf_index))): return
-  if k.upcasted and not prod(k.full_shape[-k.upcasted:]) < 64: return
+  if not (lanes <= 4 or not any(r for _, _, r in k.upcasted_axis(k.full_buf_index))):
+    decide(k, rule, f"{lanes} upcast lanes (over 4) already include an unrolled reduce", lanes=lanes)
+    return
+  if k.upcasted and not (upcast := prod(k.full_shape[-k.upcasted:])) < 64:
+    decide(k, rule, f"the upcast axes already hold {upcast} lanes (at least 64)", lanes=upcast)
+    return
   last = len(k.full_unupcasted_shape) - 1
   s = k.full_unupcasted_shape[-1]
   if _is_int(s) and s <= 32:
-    k.apply_opt(Opt(OptOps.UNROLL, last - k.first_reduce, 0))
+    apply(k, rule, Opt(OptOps.UNROLL, last - k.first_reduce, 0), f"the last reduce axis of {s} is at most 32",
+          axis=last, size=s, limit=32)
     s2 = k.full_unupcasted_shape[-1] if k.full_unupcasted_shape else None
     if k.first_reduce < k.shape_len - k.upcasted and s <= 3 and _is_int(s2) and s2 <= 3:
-      k.apply_opt(Opt(OptOps.UNROLL, len(k.full_unupcasted_shape) - 1 - k.first_reduce, 0))
+      axis = len(k.full_unupcasted_shape) - 1
+      apply(k, rule, Opt(OptOps.UNROLL, axis - k.first_reduce, 0), f"it was at most 3 and the next one of {s2} is too",
+            axis=axis, size=s2, limit=3)
   elif _divides(s, 4):
-    k.apply_opt(Opt(OptOps.UNROLL, last - k.first_reduce, 4))
+    apply(k, rule, Opt(OptOps.UNROLL, last - k.first_reduce, 4), f"the last reduce axis of {_show(s)} is over 32: by 4",
+          axis=last, size=s, limit=32)
+  else: decide(k, rule, f"the last reduce axis of {_show(s)} is over 32 and 4 does not divide it", axis=last, size=s,
+               limit=32)
+
+def _default_upcast(k: Kernel) -> None:
+  rule, fus = "spec.default_upcast", k.full_unupcasted_shape
+  if k.upcasted: decide(k, rule, f"{k.upcasted} axes are upcast already", upcasted=k.upcasted)
+  elif not fus: decide(k, rule, "no axis")
+  elif _divides(fus[-1], 4):
+    apply(k, rule, Opt(OptOps.UPCAST, len(fus) - 1, 4), "nothing is upcast and 4 divides the last axis",
+          axis=len(fus) - 1, size=fus[-1])
+  else: decide(k, rule, f"4 does not divide the last axis of {_show(fus[-1])}", axis=len(fus) - 1, size=fus[-1])
 
 def _add_locals(k: Kernel) -> None:
   """Make up to three global axes local, broadcast axes and later axes first, at most 128 threads in all."""
   if getconfig().NOLOCALS and k.local_dims == 0 and not k.group_for_reduces:
-    k.apply_opt(Opt(OptOps.NOLOCALS))
+    apply(k, "spec.nolocals", Opt(OptOps.NOLOCALS), "the NOLOCALS knob is set", NOLOCALS=getconfig().NOLOCALS)
     return
   ranking = [(any(st.views[-1].strides[axis] == 0 for st in k.sts), axis) for axis in range(k.first_reduce)]
   to_local: list[tuple[int, int]] = []
@@ -142,11 +298,16 @@ def _add_locals(k: Kernel) -> None:
     sz = next((x for x in ([32] if axis == 0 else []) + [16, 8, 4, 3, 2]
                if _divides(k.full_shape[axis], x) and threads * x <= 128), None)
     if sz is not None: to_local.append((axis, sz))
+  if not to_local: decide(k, "spec.locals", "no global axis divisible by 32, 16, 8, 4, 3 or 2 within 128 threads",
+                          first_reduce=k.first_reduce, limit=128)
   removed = 0
   for axis, sz in sorted(to_local[:3]):
+    broadcast = ranking[axis][0]
     axis -= removed
     whole = sz == k.full_shape[axis]
-    k.apply_opt(Opt(OptOps.LOCAL, axis, sz))
+    apply(k, "spec.locals", Opt(OptOps.LOCAL, axis, sz), f"{'broadcast ' if broadcast else ''}axis: the largest of "
+          "32 (axis 0), 16, 8, 4, 3, 2 dividing it within 128 threads", axis=axis, size=k.full_shape[axis],
+          strides=view_strides(k, axis), limit=128)
     if whole: removed += 1
 
 # ***** shared by the device-profile heuristics (heuristics_cpu, heuristics_opencl) *****
@@ -155,6 +316,10 @@ def strides(k: Kernel, i: int) -> tuple:
   """Buffer i's stride on each axis (None where it is not one), ignoring validity masks."""
   return k.sts[i].real_strides(ignore_valid=True)
 
+def buffer_strides(k: Kernel, axis: int) -> tuple:
+  """Every buffer's real stride on axis, ignoring validity masks (None where it has none)."""
+  return tuple(strides(k, i)[axis] for i in range(len(k.bufs)))
+
 def output_bufs(k: Kernel) -> list[int]:
   stored = {x.arg for x in k.ast.src}
   return [i for i, b in enumerate(k.bufs) if b in stored]
@@ -162,13 +327,6 @@ def output_bufs(k: Kernel) -> list[int]:
 def input_bufs(k: Kernel) -> list[int]:
   outs = output_bufs(k)
   return [i for i in range(len(k.bufs)) if i not in outs]
-
-def try_opt(k: Kernel, op: OptOps, axis: int, amt: int) -> bool:
-  """Apply Opt(op, axis, amt) if the kernel accepts it; False (and k unchanged) if not."""
-  try:
-    k.apply_opt(Opt(op, axis, amt))
-    return True
-  except KernelOptError: return False
 
 def vector_axis(k: Kernel, width: int) -> Optional[int]:
   """The last output axis that width divides, unit-stride in every output and unit-stride or broadcast in every

@@ -2,12 +2,13 @@
 `Kernel.hand_coded_optimizations` when the renderer's `heuristics` is "opencl_cpu": register tiles whose contiguous
 lanes the renderer packs into floatN ops, and work-groups big enough that PoCL's per-group cost is amortized. Only
 existing OptOps are used, so every choice is checked like any other; a kernel no rule fits gets the spec's
-heuristics. Imports dtype, errors and opt; the Kernel is passed in."""
+heuristics. Every step records a Decision (heuristics.decide/apply) naming a rule of RULES. Imports dtype,
+errors and opt; the Kernel is passed in."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, TypeGuard
 from kernopt.dtype import ImageDType, dtypes
-from kernopt.heuristics import input_bufs, output_bufs, strides, try_opt, vector_axis
-from kernopt.opt import OptOps
+from kernopt.heuristics import buffer_strides, decide, input_bufs, output_bufs, strides, try_apply, vector_axis
+from kernopt.opt import Opt, OptOps
 
 if TYPE_CHECKING: from kernopt.kernel import Kernel
 
@@ -17,6 +18,21 @@ TILE_ROWS = 32           # rows of a register-tiled reduce per work-group (its r
 STREAM_GROUP = 1024      # work-items per work-group of a kernel with fenced non-temporal stores: one sfence each
 
 def _int(x: object) -> TypeGuard[int]: return type(x) is int
+
+
+RULES: dict[str, str] = {
+  "opencl.profile": "the OpenCL CPU rules need float32 buffers (no images), nothing upcast, local or grouped and a "
+                    "vector width >= 2",
+  "opencl.elementwise": "elementwise: UPCAST ELEMENTWISE_LANES scalar lanes along a contiguous axis",
+  "opencl.group": "LOCAL the last global axis into work-groups of up to ELEMENTWISE_GROUP (STREAM_GROUP when "
+                  "stores stream) items, keeping 2 groups",
+  "opencl.tile_columns": "a reduce with a vector axis: UPCAST it by two vectors (with a row axis) or one",
+  "opencl.tile_rows": "UPCAST the row axis so the tile holds 8 (8 x 2 on a long reduce) vector accumulators",
+  "opencl.tile_unroll": "UNROLL the tile's last reduce axis: whole when at most 3, by 2 under an 8 x 2 tile, else by 4",
+  "opencl.row_blocks": "LOCAL row blocks so one work-group covers TILE_ROWS rows",
+  "opencl.contiguous_reduce": "a reduce unit-stride in an input: UNROLL it by two vectors, else one",
+  "opencl.contiguous_rows": "after a contiguous-reduce unroll: UPCAST the last output axis by 4 or 2 rows",
+}
 
 
 def row_axis(k: Kernel, vaxis: int) -> Optional[int]:
@@ -34,30 +50,51 @@ def row_axis(k: Kernel, vaxis: int) -> Optional[int]:
 
 def hand_coded_opencl(k: Kernel) -> bool:
   """Apply the OpenCL CPU heuristics to k; False (k untouched) when none fits, so the spec's heuristics run."""
-  if k.upcasted or k.local_dims or k.group_for_reduces or not k.bufs: return False
-  if any(isinstance(b.dtype, ImageDType) or b.dtype != dtypes.float32 for b in k.bufs): return False
+  if k.upcasted or k.local_dims or k.group_for_reduces or not k.bufs:
+    decide(k, "opencl.profile", "something is upcast, local or grouped already: the spec's rules decide",
+           upcasted=k.upcasted, local_dims=k.local_dims, group_for_reduces=k.group_for_reduces)
+    return False
+  if any(isinstance(b.dtype, ImageDType) or b.dtype != dtypes.float32 for b in k.bufs):
+    decide(k, "opencl.profile", "a buffer is an image or not float32: the spec's rules decide",
+           dtypes=tuple(b.dtype.name for b in k.bufs))
+    return False
   width = getattr(k.opts, "vector_width", 1)
-  if width < 2: return False
+  if width < 2:
+    decide(k, "opencl.profile", f"vector width {width} is under 2: the spec's rules decide", vector_width=width)
+    return False
   if k.reduceop is None: return _elementwise(k, width)
   vaxis = vector_axis(k, width)
-  return _reduce_tile(k, vaxis, width) if vaxis is not None else _contiguous_reduce(k, width)
+  if vaxis is not None: return _reduce_tile(k, vaxis, width)
+  decide(k, "opencl.tile_columns", f"no output axis of a multiple of {width} is unit-stride in every output and "
+         "streamed by an input", vector_width=width)
+  return _contiguous_reduce(k, width)
 
 def _elementwise(k: Kernel, width: int) -> bool:
   """A few scalar lanes per work-item (fewer than the packed width, so they stay scalar and PoCL's work-item loop
   vectorizer sees contiguous accesses across work-items) and work-groups of ELEMENTWISE_GROUP items; of STREAM_GROUP
   when the output is big enough for the renderer to stream it (its sfence per work-group, interleaved on PoCL:
   a+b 4096^2 31.4 GB/s with groups of 1024 as without the fence, 14.2 with groups of 64 and an mfence)."""
+  rule = "opencl.elementwise"
   lanes = ELEMENTWISE_LANES if ELEMENTWISE_LANES < width else 1
   axis = vector_axis(k, lanes) if lanes > 1 else None
   if axis is None:
     outs = output_bufs(k)
     axis = next((a for a in reversed(range(k.first_reduce)) if all(strides(k, i)[a] == 1 for i in outs)), None)
-    if axis is None: return False
-  elif not try_opt(k, OptOps.UPCAST, axis, lanes): return False
+    if axis is None:
+      decide(k, rule, "no axis is unit-stride in every output: the spec's rules decide", vector_width=width)
+      return False
+    decide(k, rule, f"vector width {width} leaves no scalar lanes" if lanes == 1 else
+           f"no contiguous axis of a multiple of {lanes}: no lanes", lanes=lanes, vector_width=width)
+  elif not try_apply(k, rule, Opt(OptOps.UPCAST, axis, lanes), f"{lanes} scalar lanes, fewer than the vector width",
+                     axis=axis, size=k.full_shape[axis], buffer_strides=buffer_strides(k, axis), vector_width=width):
+    decide(k, rule, f"UPCAST of axis {axis} by {lanes} refused: the spec's rules decide", axis=axis)
+    return False
   items = 1
   for n in k.full_shape: items *= n if _int(n) else 0
   streamed = getattr(k.opts, "stream_stores", False) and items >= getattr(k.opts, "stream_min", items + 1)
-  _group(k, STREAM_GROUP if streamed else ELEMENTWISE_GROUP if lanes > 1 else ELEMENTWISE_GROUP * 4)
+  threads = STREAM_GROUP if streamed else ELEMENTWISE_GROUP if lanes > 1 else ELEMENTWISE_GROUP * 4
+  _group(k, threads, f"{items} items, streamed stores: one sfence per group" if streamed else
+         f"{items} items, {'lanes' if lanes > 1 else 'no lanes'}: PoCL's per-group cost amortized")
   return True
 
 def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
@@ -73,49 +110,97 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   last = k.full_shape[k.shape_len - k.upcasted - 1] if k.first_reduce < k.shape_len - k.upcasted else None
   long_k = _int(last) and last > 3 and last % 2 == 0
   wide = cols == 2 * width and long_k
-  if not try_opt(k, OptOps.UPCAST, vaxis, cols): return False
+  facts = {"axis": vaxis, "size": k.full_shape[vaxis], "buffer_strides": buffer_strides(k, vaxis),
+           "vector_width": width, "row_axis": rows, "last_reduce": last, "max_upcast": k.opts.max_upcast}
+  if not try_apply(k, "opencl.tile_columns", Opt(OptOps.UPCAST, vaxis, cols),
+                   f"{cols // width} vector(s) of accumulators along the contiguous axis", **facts):
+    decide(k, "opencl.tile_columns", f"UPCAST of axis {vaxis} by {cols} refused: the spec's rules decide", **facts)
+    return False
   row_amt = 1
   if rows is not None:
     want = 8 if wide else 8 * width // cols
     for amt in (want, 4, 2):
-      if amt <= want and k.full_shape[rows] % amt == 0 and try_opt(k, OptOps.UPCAST, rows, amt):
+      if amt <= want and k.full_shape[rows] % amt == 0 and \
+         try_apply(k, "opencl.tile_rows", Opt(OptOps.UPCAST, rows, amt), f"{amt} rows of {cols // width} vector(s)" +
+                   (" (a long reduce: 8 x 2)" if wide else ""), axis=rows, size=k.full_shape[rows], wide=wide):
         row_amt = amt
         break
-  end = k.shape_len - k.upcasted
-  if k.first_reduce < end and _int(s := k.full_shape[end - 1]):
-    if s <= 3: try_opt(k, OptOps.UNROLL, end - 1 - k.first_reduce, 0)
-    elif wide and row_amt == 8: try_opt(k, OptOps.UNROLL, end - 1 - k.first_reduce, 2)
-    elif s % 4 == 0: try_opt(k, OptOps.UNROLL, end - 1 - k.first_reduce, 4)
+    else: decide(k, "opencl.tile_rows", f"no row upcast of at most {want} divides axis {rows} or was accepted",
+                 axis=rows, size=k.full_shape[rows])
+  else: decide(k, "opencl.tile_rows", "no output axis broadcasts every input that streams the vector axis")
+  _tile_unroll(k, wide, row_amt)
   if rows is not None and k.opts.has_local and rows < k.first_reduce and _int(n := k.full_shape[rows]):
     # neighbouring row blocks share the streamed input: one work-group runs them one after another on one core
     most = max(1, TILE_ROWS // row_amt)
     for amt in (8, 4, 2):
-      if amt <= most and n % amt == 0 and n // amt >= 2 and try_opt(k, OptOps.LOCAL, rows, amt): break
+      if amt <= most and n % amt == 0 and n // amt >= 2 and \
+         try_apply(k, "opencl.row_blocks", Opt(OptOps.LOCAL, rows, amt), f"{amt} row blocks of {row_amt} per "
+                   "work-group share the streamed input", axis=rows, size=n, limit=TILE_ROWS): break
+    else: decide(k, "opencl.row_blocks", f"no 8, 4 or 2 row blocks within {most} leave 2 groups", axis=rows, size=n)
+  else: decide(k, "opencl.row_blocks", "no row axis left among the global axes, or no local threads", row_axis=rows,
+               has_local=k.opts.has_local)
   return True
+
+def _tile_unroll(k: Kernel, wide: bool, row_amt: int) -> None:
+  rule, end = "opencl.tile_unroll", k.shape_len - k.upcasted
+  if not (k.first_reduce < end and _int(s := k.full_shape[end - 1])):
+    decide(k, rule, "no concrete reduce axis left in loops")
+    return
+  facts = {"axis": end - 1, "size": s, "wide": wide, "rows": row_amt}
+  axis = end - 1 - k.first_reduce
+  if s <= 3: done = try_apply(k, rule, Opt(OptOps.UNROLL, axis, 0), f"a window axis of {s}: whole", **facts)
+  elif wide and row_amt == 8:
+    done = try_apply(k, rule, Opt(OptOps.UNROLL, axis, 2), "by 2 under an 8 x 2 tile", **facts)
+  elif s % 4 == 0: done = try_apply(k, rule, Opt(OptOps.UNROLL, axis, 4), "by 4", **facts)
+  else:
+    decide(k, rule, f"the last reduce axis of {s} is over 3 and no multiple of 4", **facts)
+    return
+  if not done: decide(k, rule, "the UNROLL was refused", **facts)
 
 def _contiguous_reduce(k: Kernel, width: int) -> bool:
   """A reduce whose last axis is unit-stride in an input (a row sum): unrolled by two vectors (vector
   accumulators) and an output axis upcast by 4 or 2 (that many rows streamed at once; fewer than the vector width, so
   the lanes are packed along the rows, not across them)."""
+  rule = "opencl.contiguous_reduce"
   end = k.shape_len - k.upcasted
-  if k.first_reduce >= end: return False
+  if k.first_reduce >= end:
+    decide(k, rule, "no reduce axis in loops: the spec's rules decide")
+    return False
   axis = end - 1
-  if not any(strides(k, i)[axis] == 1 for i in input_bufs(k)): return False
   size = k.full_shape[axis]
-  if not _int(size) or not any(size % amt == 0 and try_opt(k, OptOps.UNROLL, axis - k.first_reduce, amt)
-                               for amt in (2 * width, width) if amt <= k.opts.max_unroll): return False
+  facts = {"axis": axis, "size": size, "buffer_strides": buffer_strides(k, axis), "vector_width": width,
+           "max_unroll": k.opts.max_unroll}
+  if not any(strides(k, i)[axis] == 1 for i in input_bufs(k)):
+    decide(k, rule, "the last reduce axis is unit-stride in no input: the spec's rules decide", **facts)
+    return False
+  if not _int(size) or not any(size % amt == 0 and try_apply(k, rule, Opt(OptOps.UNROLL, axis - k.first_reduce, amt),
+                                                             f"{amt // width} vector(s) of accumulators", **facts)
+                               for amt in (2 * width, width) if amt <= k.opts.max_unroll):
+    decide(k, rule, f"neither {2 * width} nor {width} divides the reduce axis within max_unroll: the spec's rules "
+           "decide", **facts)
+    return False
   for out_axis in reversed(range(k.first_reduce)):
     if _int(n := k.full_shape[out_axis]) and n >= 2:
-      if any(n % amt == 0 and try_opt(k, OptOps.UPCAST, out_axis, amt) for amt in (4, 2) if amt < width): break
+      if any(n % amt == 0 and try_apply(k, "opencl.contiguous_rows", Opt(OptOps.UPCAST, out_axis, amt),
+                                        f"{amt} rows streamed at once", axis=out_axis, size=n, vector_width=width)
+             for amt in (4, 2) if amt < width): break
+  else: decide(k, "opencl.contiguous_rows", "no output axis takes an UPCAST by 4 or 2", vector_width=width)
   return True
 
-def _group(k: Kernel, threads: int) -> None:
+def _group(k: Kernel, threads: int, why: str) -> None:
   """Make up to `threads` work-items of the last global axis one work-group (PoCL runs a group's items as a loop
   on one core), keeping at least 2 groups on that axis so every core gets work."""
-  if not k.opts.has_local: return
+  rule = "opencl.group"
+  if not k.opts.has_local:
+    decide(k, rule, "no local threads", has_local=False)
+    return
   for axis in reversed(range(k.first_reduce)):
     size = k.full_shape[axis]
     if not _int(size) or size < 4: continue
     for amt in (threads, 128, 64, 32, 16, 8, 4, 2):
-      if amt <= threads and size % amt == 0 and size // amt >= 2 and try_opt(k, OptOps.LOCAL, axis, amt): return
+      if amt <= threads and size % amt == 0 and size // amt >= 2 and \
+         try_apply(k, rule, Opt(OptOps.LOCAL, axis, amt), why, axis=axis, size=size, threads=threads): return
+    decide(k, rule, f"no group of at most {threads} divides axis {axis} leaving 2 groups", axis=axis, size=size,
+           threads=threads)
     return
+  decide(k, rule, "no concrete global axis of at least 4", threads=threads)

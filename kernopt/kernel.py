@@ -8,7 +8,7 @@ import itertools
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Callable, Iterator, Mapping, Optional, Sequence, TypeGuard, Union, cast
-from kernopt import heuristics, heuristics_cpu, heuristics_cuda, heuristics_opencl, ops
+from kernopt import debug, heuristics, heuristics_cpu, heuristics_cuda, heuristics_opencl, ops
 from kernopt.dtype import ImageDType, dtypes
 from kernopt.errors import KernelOptError, ShapeError, UnsupportedError, VerifyError
 from kernopt.opt import Opt, OptOps, TensorCoreOptions
@@ -16,8 +16,9 @@ from kernopt.helpers import all_int, all_same, ansilen, ansistrip, colored, coun
                             prod, round_up, to_function_name
 from kernopt.ops import BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, UnaryOps
 from kernopt.renderers import BufferArg, Program, Renderer, TensorCore, VarArg, get_renderer, var_dtype
-from kernopt.shape.shapetracker import ShapeTracker
+from kernopt.shape.shapetracker import ShapeTracker, bounds_union
 from kernopt.shape.symbolic import Node, sint
+from kernopt.shape.view import View
 
 @dataclass(frozen=True)
 class _TCLayout:
@@ -119,6 +120,19 @@ def _fix_tc_st(layout: _TCLayout, perm: tuple, wd: int, tcd: int, st: ShapeTrack
            *range(tcd + len(layout.tcd_expand), len(expanded))]
   return st.reshape(expanded).simplify().permute(tuple(order)).reshape(st.shape).simplify()
 
+# the rules kernel.py itself records (the heuristics modules declare theirs), as Decisions cite them
+RULES: dict[str, str] = {
+  "direct": "an Opt applied by the caller (apply_opt, apply_tensor_cores' extra_opts, a search), not by a rule",
+  "required.image_output": "an image output: UPCAST its first unit-stride axis divisible by 4 (float4 texels)",
+  "kernel.empty": "an axis of size 0: no heuristic runs",
+  "tc.off": "the dialect has no tensor cores and USE_TC != 2",
+  "tc.no_match": "a tensor core tried, and why it does not fit the reduce",
+  "tc.refused": "why no tensor core applied: the check that refused it, or an Opt after it that was refused",
+  "tc.apply": "the first tensor core that fits: TC with its N, M, K axes and pads",
+  "tc.upcast": "after a tensor core: UPCAST M, then N, by their largest divisor of at most 5",
+  "tc.local": "after a tensor core: LOCAL N by 4 or 2",
+}
+
 def default_renderer() -> Renderer:
   """What `Kernel(ast)` targets without `opts`: with DEVICE unset or CPU, the native CPU profile of this host (its
   vector width, FMA and cores; no device is opened, no numpy imported); with another DEVICE, that dialect's static
@@ -128,6 +142,16 @@ def default_renderer() -> Renderer:
     from kernopt.renderers.native import NativeCRenderer
     return NativeCRenderer()
   return get_renderer(device)
+
+
+def _unmask_broadcast(st: ShapeTracker, axis: int) -> ShapeTracker:
+  """st with its mask on `axis` dropped when its one view broadcasts that axis (stride 0): after a tensor core pads an
+  output axis (N or M), such an operand then reads the same in-bounds element at the padded positions too. Those
+  positions only reach the padded outputs, whose stores stay masked; and AMD's WMMA needs lanes 16-31 (a thread split
+  of N) to hold the same A as lanes 0-15, which a mask on N would zero."""
+  if len(st.views) != 1 or (v := st.views[0]).mask is None or v.strides[axis] != 0: return st
+  mask = tuple((0, s) if i == axis else m for i, (m, s) in enumerate(zip(v.mask, v.shape)))
+  return ShapeTracker((View.create(v.shape, v.strides, v.offset, mask),))
 
 class Kernel:
   """The loop nest of one KERNEL AST. Every buffer (and each reduce's input and output) has a ShapeTracker of the
@@ -169,6 +193,8 @@ class Kernel:
     self.tensor_core_opts: Optional[TensorCoreOptions] = None
     self.bufs_for_tensor_core: Mapping[LazyOp, tuple[int, int]] = MappingProxyType({})
     self.dont_use_locals: bool = False
+    # (len(applied_opts) when recorded, Decision) for every heuristic step, in order; see explain()
+    self.trace: tuple[tuple[int, heuristics.Decision], ...] = ()
     self._opt_ast: Optional[tuple[tuple, LazyOp]] = None
 
     # reduce axes go last, then size-1 axes vanish and adjacent axes merge where every tracker allows it
@@ -191,10 +217,31 @@ class Kernel:
   # ***** state *****
 
   _STATE = ("sts", "applied_opts", "group_for_reduces", "upcasted", "local_dims", "tensor_core", "tensor_core_opts",
-            "bufs_for_tensor_core", "dont_use_locals")
+            "bufs_for_tensor_core", "dont_use_locals", "trace")
   def _snapshot(self) -> tuple: return tuple(getattr(self, f) for f in Kernel._STATE)
   def _restore(self, snap: tuple) -> None:
     for f, v in zip(Kernel._STATE, snap): setattr(self, f, v)
+
+  def record(self, decision: heuristics.Decision) -> None:
+    """Append a heuristic's decision to the trace (after its Opt, if any, was applied)."""
+    self.trace += ((len(self.applied_opts), decision),)
+
+  def explain(self) -> heuristics.Explanation:
+    """The decisions that chose applied_opts, in order: each heuristic step's rule, the values that decided it and
+    its Opt or why none; an Opt applied directly (apply_opt, a search) appears as rule "direct". Applying
+    `explain().opts` in order to a fresh Kernel of the same AST and renderer reproduces applied_opts."""
+    out: list[heuristics.Decision] = []
+    done = 0
+    def direct(upto: int) -> None:
+      nonlocal done
+      for o in self.applied_opts[done:upto]: out.append(heuristics.Decision("direct", {}, o, "applied by the caller"))
+      done = max(done, upto)
+    for n, d in self.trace:
+      direct(n - 1 if d.opt is not None else n)
+      out.append(d)
+      if d.opt is not None: done += 1
+    direct(len(self.applied_opts))
+    return heuristics.Explanation(tuple(out))
 
   def copy(self) -> Kernel:
     """A kernel with the same AST, dialect and optimization state; Opts applied to it leave self unchanged."""
@@ -360,12 +407,19 @@ class Kernel:
       strides.append(fake)
     first_reduce = self.first_reduce
     merged: list[list[tuple[sint, Any]]] = [[(s[0], st[0])] for s, st in zip(shapes, strides)]
+    full, full_run = self.full_shape, self.full_shape[0]
     for i in range(1, len(shapes[0])):
       def can(s: tuple, st: tuple, acc: list) -> bool:
         prev = acc[-1][1]
         if st[i] is None: return False
         return prev == s[i] * st[i] if st[i] != 0 else prev == 0
-      joinable = i != first_reduce and all(can(s, st, acc) for s, st, acc in zip(shapes, strides, merged))
+      # a tracker that is 1 on one axis of the pair but not on the other (the input of a reduce over other axes
+      # than a sibling's) would merge to a size that is neither 1 nor the full shape's
+      def agree(s: tuple, acc: list) -> bool:
+        return (acc[-1][0] == 1 and s[i] == 1) or (acc[-1][0] == full_run and s[i] == full[i])
+      joinable = i != first_reduce and all(can(s, st, acc) and agree(s, acc)
+                                           for s, st, acc in zip(shapes, strides, merged))
+      full_run = full_run * full[i] if joinable else full[i]
       for s, st, acc in zip(shapes, strides, merged):
         if joinable: acc[-1] = (acc[-1][0] * s[i], st[i])
         else: acc.append((s[i], st[i]))
@@ -524,34 +578,43 @@ class Kernel:
 
   # ***** tensor cores *****
 
-  def _tc_match(self, reduceop: LazyOp, tc: TensorCore, axis: int,
-                level: int) -> Optional[tuple[TensorCoreOptions, tuple[int, int]]]:
+  def _tc_match(self, reduceop: LazyOp, tc: TensorCore, axis: int, level: int,
+                why: Optional[list[str]] = None) -> Optional[tuple[TensorCoreOptions, tuple[int, int]]]:
     """The N, M, K axes (and operand buffers) for tc on reduceop, if it is a sum of products of tc.dtype_in loads
-    (level >= 1: casts of loads, several reduce axes; level >= 2: sizes padded to tc.dims)."""
+    (level >= 1: casts of loads, several reduce axes; level >= 2: sizes padded to tc.dims); else None, with the
+    reason appended to `why`."""
+    def no(reason: str) -> Any:
+      if why is not None: why.append(reason)
+      return None
     src = reduceop.src[0]
     if tc.dtype_in != tc.dtype_out:
-      if not (src.op is UnaryOps.CAST and src.arg == tc.dtype_out): return None
+      if not (src.op is UnaryOps.CAST and src.arg == tc.dtype_out):
+        return no(f"it accumulates in {tc.dtype_out.name}: needs a reduce over a CAST to it")
       src = src.src[0]
-    if src.op is not BinaryOps.MUL or len(src.src) != 2: return None
+    if src.op is not BinaryOps.MUL or len(src.src) != 2: return no(f"the reduce is over {src.op.name}, not a MUL")
     def operand(x: LazyOp) -> Optional[int]:
       if level >= 1 and x.op is UnaryOps.CAST and x.arg == tc.dtype_in: x = x.src[0]
       elif x.op is BufferOps.LOAD and x.arg.dtype != tc.dtype_in: return None
       return self._buf_index.get(x.arg) if x.op is BufferOps.LOAD else None
-    if (b0 := operand(src.src[0])) is None or (b1 := operand(src.src[1])) is None: return None
+    if (b0 := operand(src.src[0])) is None or (b1 := operand(src.src[1])) is None:
+      return no(f"an operand is not a load of {tc.dtype_in.name}" + (" or a cast of one" if level >= 1 else ""))
     fr = self.first_reduce
     st0, st1 = self.sts[b0].real_strides(), self.sts[b1].real_strides()
     n_axes = [i for i in range(fr) if st0[i] == 0]
     m_axes = [i for i in range(fr) if st1[i] == 0]
-    if not (n_axes and m_axes and (self.shape_len - fr == 1 or level >= 1)): return None
+    if not (n_axes and m_axes): return no("no output axis broadcasts each operand (no N and M)")
+    if not (self.shape_len - fr == 1 or level >= 1): return no("several reduce axes need TC_OPT >= 1")
     choices = list(itertools.product(n_axes, m_axes, range(fr, self.shape_len)))
-    if axis >= len(choices): return None
+    if axis >= len(choices): return no(f"axis choice {axis} of {len(choices)} (N, M, K) candidates")
     nmk = choices[-(axis + 1)]
     pads = tuple((x, tc.dims[i]) for i, x in enumerate(nmk) if not _divides(self.full_shape[x], tc.dims[i]))
-    if pads and level < 2: return None
+    if pads and level < 2: return no(f"N, M, K {tuple(_fmt(self.full_shape[x]) for x in nmk)} are no multiples of "
+                                     f"{tc.dims}: padding needs TC_OPT >= 2")
     return TensorCoreOptions(axes=nmk, axes_exist=(True, True), axis_pads=pads), (b0, b1)
 
-  def _apply_tc(self, opt: Opt, use_tc: int) -> None:
-    """Match a tensor core and apply its warp layout (the inner Opts are not recorded)."""
+  def _apply_tc(self, opt: Opt, use_tc: int, tried: Optional[list[tuple[str, str]]] = None) -> TensorCore:
+    """Match a tensor core and apply its warp layout (the inner Opts are not recorded); the one applied. Each tensor
+    core that does not match is appended to `tried` with the reason."""
     def need(cond: Any, why: str) -> None:
       if not cond: raise self._refuse(opt, why)
     need(not self.applied_opts, "tensor cores must be the first Opt")
@@ -564,20 +627,26 @@ class Kernel:
     need(all(_reduce_free(red.src[0]) for red in self.reduceops), "a reduce is nested in another")
     need(0 not in self.full_shape, "an axis has size 0")
     for tc in self.opts.tensor_cores:
-      matches = [self._tc_match(red, tc, opt.axis, opt.amt) for red in self.reduceops]
-      if matches[0] is None or not all_same([m[0] if m else None for m in matches]): continue
+      why: list[str] = []
+      matches = [self._tc_match(red, tc, opt.axis, opt.amt, why) for red in self.reduceops]
+      if matches[0] is None or not all_same([m[0] if m else None for m in matches]):
+        if tried is not None: tried.append((str(tc), why[0] if why else "the reduces match it on different axes"))
+        continue
       snap = self._snapshot()
       self.tensor_core_opts = matches[0][0]
       self.bufs_for_tensor_core = MappingProxyType({red: m[1] for red, m in zip(self.reduceops, matches) if m})
       try:
-        for ax, dim in self.tensor_core_opts.axis_pads: self.apply_opt(Opt(OptOps.PADTO, ax, dim), append_opt=False)
-      except KernelOptError:
+        for ax, dim in self.tensor_core_opts.axis_pads:
+          self.apply_opt(Opt(OptOps.PADTO, ax, dim), append_opt=False)
+          if ax < self.first_reduce: self.sts = tuple(_unmask_broadcast(st, ax) for st in self.sts)
+      except KernelOptError as e:
         self._restore(snap)
+        if tried is not None: tried.append((str(tc), f"padding refused: {e}"))
         continue
-      if getconfig().DEBUG >= 3: print("TENSOR CORES", self.tensor_core_opts, tc)
+      debug.log(3, f"TENSOR CORES {self.tensor_core_opts} {tc}")
       self._tc_layout(tc)
       if use_tc == 1: self.tensor_core = tc
-      return
+      return tc
     raise self._refuse(opt, "no tensor core matches")
 
   def _tc_layout(self, tc: TensorCore) -> None:
@@ -610,19 +679,30 @@ class Kernel:
   def apply_tensor_cores(self, use_tensor_cores: Optional[int] = None, extra_opts: Optional[list[Opt]] = None,
                          axis: int = 0, tc_opt: Optional[int] = None) -> bool:
     """Try to make the reduce a tensor-core matmul: True if it applied (with extra_opts, or the hand-coded upcasts
-    and locals after it), False with the kernel unchanged otherwise.
+    and locals after it), False with the kernel unchanged otherwise (but for the decisions added to its trace).
     use_tensor_cores (default: USE_TC knob): 0 never; 1 tensor cores; 2 their shape Opts without the WMMA op.
     tc_opt (default: TC_OPT knob): 0 one reduce axis and direct loads into a MUL; 1 also several reduce axes and
     casts of loads; 2 also N, M, K that are not multiples of the tensor core's dims (padded)."""
     cfg = getconfig()
     use_tc = cfg.USE_TC if use_tensor_cores is None else use_tensor_cores
     level = cfg.TC_OPT if tc_opt is None else tc_opt
-    if not self.opts.tensor_cores and use_tc != 2: return False
+    shape, knobs = self.full_shape, {"USE_TC": use_tc, "TC_OPT": level}
+    def note(rule: str, why: str, opt: Optional[Opt] = None, **facts: Any) -> None:
+      self.record(heuristics.Decision(rule, {"full_shape": shape, **knobs, **facts}, opt, why))
+    if not self.opts.tensor_cores and use_tc != 2:
+      note("tc.off", f"{self.opts.device} has no tensor cores and USE_TC != 2")
+      return False
     snap = self._snapshot()
+    tried: list[tuple[str, str]] = []
     try:
       tc_op = Opt(OptOps.TC, axis, level)
-      self._apply_tc(tc_op, use_tc)
+      tc = self._apply_tc(tc_op, use_tc, tried)
+      for name, why in tried: note("tc.no_match", why, tensor_core=name)
+      tco = self.tensor_core_opts
+      assert tco is not None, "a tensor core applied without its options"
       self.applied_opts += (tc_op,)
+      note("tc.apply", f"{tc} matches" + (" (its shape Opts only: USE_TC=2)" if use_tc == 2 else ""), tc_op,
+           tensor_core=str(tc), axes=tco.axes, pads=tco.axis_pads)
       if extra_opts is not None:
         for o in extra_opts: self.apply_opt(o)
         return True
@@ -630,14 +710,23 @@ class Kernel:
         tco = self.tensor_core_opts
         if tco is not None and tco.axes_exist[d]:
           div = next(u for u in (5, 4, 3, 2, 1) if _divides(self.full_shape[tco.axes[d]], u))
-          if div != 1: self.apply_opt(Opt(OptOps.UPCAST, tco.axes[d], div))
+          ax, dim = tco.axes[d], "NM"[d]
+          if div != 1: heuristics.apply(self, "tc.upcast", Opt(OptOps.UPCAST, ax, div), f"{dim} by its largest "
+                                        "divisor of at most 5", axis=ax, size=self.full_shape[ax])
+          else: heuristics.decide(self, "tc.upcast", f"no divisor of at most 5 divides {dim}", axis=ax,
+                                  size=self.full_shape[ax])
       tco = self.tensor_core_opts
       if self.tensor_core and tco is not None and tco.axes_exist[0]:
-        if (upc := next((u for u in (4, 2) if _divides(self.full_shape[tco.axes[0]], u)), None)) is not None:
-          self.apply_opt(Opt(OptOps.LOCAL, tco.axes[0], upc))
+        ax = tco.axes[0]
+        if (upc := next((u for u in (4, 2) if _divides(self.full_shape[ax], u)), None)) is not None:
+          heuristics.apply(self, "tc.local", Opt(OptOps.LOCAL, ax, upc), "N by 4 or 2", axis=ax,
+                           size=self.full_shape[ax])
+        else: heuristics.decide(self, "tc.local", "neither 4 nor 2 divides N", axis=ax, size=self.full_shape[ax])
       return True
-    except KernelOptError:
+    except KernelOptError as e:
       self._restore(snap)
+      for name, why in tried: note("tc.no_match", why, tensor_core=name)
+      note("tc.refused", str(e))
       return False
 
   # ***** heuristics *****
@@ -650,7 +739,8 @@ class Kernel:
       if not axes: raise UnsupportedError(f"image output {self.bufs[0].dtype} needs a unit-stride axis divisible by 4, "
                                           f"shape {st.shape}")
       if all(x < self.shape_len - self.upcasted for x in axes) and axes[0] not in self.upcast_in_mid_reduce_axes:
-        self.apply_opt(Opt(OptOps.UPCAST, axes[0], 4))
+        heuristics.apply(self, "required.image_output", Opt(OptOps.UPCAST, axes[0], 4), "the image output is "
+                         "written as float4 texels", axis=axes[0], size=self.full_shape[axes[0]])
     return self
 
   def hand_coded_optimizations(self) -> Kernel:
@@ -658,7 +748,9 @@ class Kernel:
     ("cpu_native", "opencl_cpu", "cuda_gpu"), that profile's rules (heuristics_cpu, heuristics_opencl,
     heuristics_cuda), falling back to the spec's when none fits. Never applies tensor cores."""
     self.required_optimizations()
-    if any(s == 0 for s in self.full_shape): return self  # an empty output or reduce: nothing worth optimizing
+    if any(s == 0 for s in self.full_shape):  # an empty output or reduce: nothing worth optimizing
+      heuristics.decide(self, "kernel.empty", "an axis has size 0")
+      return self
     if getattr(self.opts, "heuristics", "spec") == "cpu_native" and heuristics_cpu.hand_coded_cpu(self): return self
     if getattr(self.opts, "heuristics", "spec") == "opencl_cpu" and heuristics_opencl.hand_coded_opencl(self):
       return self
@@ -679,7 +771,12 @@ class Kernel:
     reduce_index = {r: i for i, r in enumerate(self.reduceops)}
 
     def fix(op: LazyOp, which: int = 0) -> LazyOp:
-      if (key := (op, which)) not in memo: memo[key] = rebuild(op, which)
+      if (key := (op, which)) not in memo:
+        if type(op.op) is not ReduceOps:
+          # the ops under op up to the next reduces first, children before parents: a chain costs no recursion
+          below = ops.walk_ops(op, lambda x: type(x.op) is not ReduceOps and (x, which) not in memo)
+          for x in below[:-1]: memo[(x, which)] = rebuild(x, which)
+        memo[key] = rebuild(op, which)
       return memo[key]
 
     def rebuild(op: LazyOp, which: int) -> LazyOp:
@@ -738,16 +835,26 @@ class Kernel:
 
   def linearize(self) -> Kernel:
     """Lower the optimized AST to an ordered UOp list (self.uops) and find the launch sizes; returns self."""
+    import time
     from kernopt.lowerer import lower
     from kernopt.uopgraph import linearize as linearize_uops
     from kernopt.uops import UOps
     cfg = getconfig()
+    st = time.perf_counter()
     modified = self.get_optimized_ast()
-    if cfg.DEBUG >= 3:
-      print(f"{self.colored_shape()}  {self.name}  opts={list(self.applied_opts)}")
-      ops.print_tree(modified)
+    if debug.on(3):
+      debug.emit(f"{self.colored_shape()}  {self.display_name}  opts={list(self.applied_opts)}\n"
+                 f"{ops.format_tree(modified)}")
+      if (explain := getattr(self, "explain", None)) is not None: debug.emit(str(explain()))   # the heuristics' trace
+    t_ast = time.perf_counter()
     sink = lower(modified, self.opts)
+    t_lower = time.perf_counter()
     self.uops: list[Any] = linearize_uops(sink, self.opts)
+    if debug.on(6):
+      from kernopt.uopgraph import toposort
+      debug.emit(debug.step_line("ast", len(modified.lazyops), t_ast - st))
+      debug.emit(debug.step_line("lower", len(toposort(sink)), t_lower - t_ast))
+      debug.emit(debug.step_line("linearize", len(self.uops), time.perf_counter() - t_lower))
     count("lowerings")
     self.global_size: Optional[list[sint]] = None
     self.local_size: Optional[list[sint]] = None
@@ -757,55 +864,69 @@ class Kernel:
         if u.op is UOps.SPECIAL:
           dim, name, size = u.arg
           (self.local_size if name.startswith("l") else self.global_size)[dim] = size
-    if cfg.DEBUG >= 5:
-      for i, u in enumerate(self.uops): print(f"{i:4d} {u}")
+    if debug.on(5): debug.emit("\n".join(f"{i:4d} {u}" for i, u in enumerate(self.uops)))
     if cfg.GRAPHUOPS: self._graph_uops()
     return self
 
   def _graph_uops(self) -> None:
-    import os
+    """GRAPHUOPS: the UOp graph as `uops_<name>.dot` in the private folder cache_dir/graphs (and an SVG beside it when
+    graphviz's dot is installed); one warning, and no file, when that folder is not private."""
+    import os, shutil, subprocess
+    from kernopt.helpers import cache_subdir
     ids = {u: i for i, u in enumerate(self.uops)}
     lines = [f"digraph {to_function_name(self.name)} {{", "  node [shape=box];"]
     for u, i in ids.items():
       label = f"{i} {u.op.name} {u.dtype}" + (f"\\n{u.arg!r}".replace('"', "'") if u.arg is not None else "")
       lines.append(f'  n{i} [label="{label}"];')
       lines += [f"  n{ids[s]} -> n{i};" for s in u.src if s in ids]
-    path = os.path.join(getconfig().cache_dir, f"uops_{to_function_name(self.name)}.dot")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if (folder := cache_subdir("graphs")) is None: return
+    path = os.path.join(folder, f"uops_{to_function_name(self.name)}.dot")
     with open(path, "w") as f: f.write("\n".join(lines + ["}"]) + "\n")
+    shown = path
+    if (dot := shutil.which("dot")) is not None:
+      svg = path[:-4] + ".svg"
+      try:
+        subprocess.run([dot, "-Tsvg", path, "-o", svg], check=True, capture_output=True, timeout=60)
+        shown = f"{path} and {svg}"
+      except (OSError, subprocess.SubprocessError) as e: shown = f"{path} (dot failed: {type(e).__name__})"
+    debug.log(1, f"GRAPHUOPS {self.name}: {shown}")
 
   def to_program(self) -> Program:
     """Linearize and render: a renderers.Program carrying the argument signature a runner checks."""
-    from kernopt.helpers import diskcache_put
+    import time
     from kernopt.uops import UOps, flops_mem
+    st = time.perf_counter()
     self.linearize()
     fname = to_function_name(self.name)
+    t_render = time.perf_counter()
     src = self.opts.render(fname, self.uops)
     count("renders")
-    cfg = getconfig()
-    if cfg.DEBUG >= 4: print(src)
-    if cfg.RUN_PROCESS_REPLAY:
-      digest = getattr(ops, "ast_digest", None)
-      key = digest(self.ast) if digest is not None else repr(self.ast)
-      knobs = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
-      opts = [[o.op.name, o.axis, o.amt] for o in self.applied_opts]
-      entry = (ops.ast_to_json(self.ast), type(self.opts).__name__, opts, fname, src, knobs)
-      diskcache_put("process_replay", key, entry)
+    if debug.on(6): debug.emit(debug.step_line("render", len(self.uops), time.perf_counter() - t_render))
+    if debug.on(4): debug.emit(src)
     flops, mem = flops_mem(self.uops)
     stored = {x.arg.idx for x in self.ast.src if x.op is BufferOps.STORE}
     uses: dict[int, list[MemBuffer]] = {}
     for b in self.membufs:
       if b.idx >= 0: uses.setdefault(b.idx, []).append(b)
-    def min_size(bs: list[MemBuffer]) -> Any:
-      sizes = dedup(b.st.real_size() for b in bs)
-      return max(sizes) if all_int(sizes) else sizes[-1]
+    # each buffer's address range [lo, hi), checked at every launch; min_size covers every value of the Variables
+    bounds = {i: bounds_union([b.st.address_bounds() for b in bs]) for i, bs in uses.items()}
+    def min_size(i: int) -> int:
+      hi = bounds[i][1]
+      return max([0, hi if isinstance(hi, int) else hi.max] + [b.st.real_size() for b in uses[i]])
     # the signature is what was rendered: a buffer whose loads all folded away is no parameter of the source
     rendered = {u.arg[0] for u in self.uops if u.op is UOps.DEFINE_GLOBAL}
     var_dts = {u.arg.expr: u.dtype for u in self.uops if u.op is UOps.DEFINE_VAR}
-    args = tuple(BufferArg(i, uses[i][0].dtype, min_size(uses[i]) if i in rendered else 0, i in stored, i in rendered)
+    args = tuple(BufferArg(i, uses[i][0].dtype, min_size(i) if i in rendered else 0, i in stored, i in rendered)
                  for i in sorted(uses))
+    args = tuple(replace(a, lo=bounds[a.idx][0], hi=bounds[a.idx][1]) if a.idx in rendered else a for a in args)
     var_args = tuple(VarArg(v.expr, var_dts.get(v.expr, var_dtype(v))) for v in self.vars)
     gs = tuple(self.global_size) if self.global_size is not None else None
     ls = tuple(self.local_size) if self.local_size is not None else None
-    return Program(fname, src, self.opts.device, gs, ls, uops=tuple(self.uops), op_estimate=flops, mem_estimate=mem,
-                   args=args, vars=tuple(self.vars), extra={"display_name": self.display_name}, var_args=var_args)
+    opts = tuple(f"{o.op.name}({o.axis},{o.amt})" for o in self.applied_opts)
+    prg = Program(fname, src, self.opts.device, gs, ls, uops=tuple(self.uops), op_estimate=flops, mem_estimate=mem,
+                  args=args, vars=tuple(self.vars), var_args=var_args,
+                  extra={"display_name": self.display_name, "opts": opts, "codegen_s": time.perf_counter() - st})
+    if getconfig().RUN_PROCESS_REPLAY:
+      from kernopt import capture
+      capture.record(self.ast, self.opts, [[o.op.name, o.axis, o.amt] for o in self.applied_opts], prg)
+    return prg

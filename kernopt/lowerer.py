@@ -35,6 +35,7 @@ class _Wide(Exception):
 # enum members as module constants: an attribute of an Enum class costs ~0.15 us on Python 3.11
 _ALU, _CONST, _LOAD, _STORE = UOps.ALU, UOps.CONST, UOps.LOAD, UOps.STORE
 _ADD, _WHERE = BinaryOps.ADD, TernaryOps.WHERE
+_ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps)
 def _alu(op: Any, dt: Optional[DType], *src: UOp) -> UOp: return UOp(_ALU, dt, src, op)
 
 def _operand(b: Any, ops: Any, ctx: Any) -> UOp: return ctx.const(b) if isinstance(b, int) else b.render(ops, ctx)
@@ -322,8 +323,29 @@ class _Lowerer:
   # ***** lowering of AST nodes, each to one UOp per lane *****
 
   def lower(self, x: LazyOp) -> list[UOp]:
-    if (ret := self.memo.get(x)) is None: ret = self.memo[x] = self._lower(x)
+    if (ret := self.memo.get(x)) is None:
+      if type(x.op) in _ELEMENTWISE: ret = self._lower_elementwise(x)
+      else: ret = self.memo[x] = self._lower(x)
     return ret
+
+  def _lower_elementwise(self, root: LazyOp) -> list[UOp]:
+    """lower(root) for an elementwise root, from an explicit stack instead of recursion (an AST may be a chain of
+    10,000 ALU ops), in recursion's order: each source in turn, an elementwise one after its own sources, then the
+    op. Buffer ops and reduces are lowered where they are met, so their side effects (loop owners, accumulator and
+    local-buffer numbers) happen in the same order."""
+    memo = self.memo
+    stack: list[tuple[LazyOp, int]] = [(root, 0)]
+    while stack:
+      x, i = stack[-1]
+      if i < len(x.src):
+        stack[-1] = (x, i + 1)
+        if (s := x.src[i]) in memo: continue
+        if type(s.op) in _ELEMENTWISE: stack.append((s, 0))
+        else: memo[s] = self._lower(s)
+      else:
+        stack.pop()
+        memo[x] = self._elementwise(x, [memo[s] for s in x.src])
+    return memo[root]
 
   def _lower(self, x: LazyOp) -> list[UOp]:
     if x.op is BufferOps.CONST: return self._const_buf(x)
@@ -331,7 +353,10 @@ class _Lowerer:
     if x.op is BufferOps.STORE: return self._store(x)
     if x.op is ReduceOps.WMMA: return self._wmma(x, (), [])
     if x.op in ReduceOps: return self._reduce(x)
-    src = [self.lower(s) for s in x.src]
+    return self._elementwise(x, [self.lower(s) for s in x.src])
+
+  def _elementwise(self, x: LazyOp, src: list[list[UOp]]) -> list[UOp]:
+    """The lanes of ALU (or CAST, BITCAST) op x from its sources' lanes."""
     if x.op in (UnaryOps.CAST, UnaryOps.BITCAST):
       kind = UOps.CAST if x.op is UnaryOps.CAST else UOps.BITCAST
       return [UOp(kind, x.arg, (s,)) for s in src[0]]
@@ -340,9 +365,14 @@ class _Lowerer:
     if len(src) == 2: return [UOp(_ALU, dt, (a, b), op) for a, b in zip(src[0], src[1])]
     return [UOp(_ALU, dt, tuple([s[i] for s in src]), op) for i in range(len(self.lanes))]
 
+  def _symbolic_const(self, val: Node, dt: DType) -> UOp:
+    """A CONST holding an int expression of Variables: rendered from the DEFINE_VARs like an index, then converted."""
+    u = self.render(val)
+    return u if u.dtype == dt else UOp(UOps.CAST, dt, (u,))
+
   def _const_buf(self, x: LazyOp) -> list[UOp]:
     dt = x.arg.dtype
-    c = UOp.const(dt, x.arg.val)
+    c = UOp.const(dt, x.arg.val) if not isinstance(x.arg.val, Node) else self._symbolic_const(x.arg.val, dt)
     _, valid = self._expr(x.arg.st, self.idxs)
     if valid.min == 1: return [c] * len(self.lanes)
     zero = UOp.const(dt, 0)
@@ -495,6 +525,9 @@ class _Lowerer:
       by_out.setdefault(tuple(0 if j in ups else v for j, v in enumerate(ln)), []).append(i)
     done: dict[tuple[UOp, ...], UOp] = {}
     out: list[UOp] = [src[0]] * len(self.lanes)
+    # the MAX_ACCS budget is shared by the distinct lane groups: an output lane group that reads the same values as
+    # another (a reduce broadcast along an upcast or unrolled axis of a sibling) shares its accumulators
+    n_groups = len({tuple(src[m] for m in members) for members in by_out.values()})
     for members in by_out.values():
       key = tuple(src[m] for m in members)
       if key not in done:
@@ -502,7 +535,7 @@ class _Lowerer:
         else:
           # independent accumulators, one per (output lane, unrolled lane) up to MAX_ACCS per reduce: they break
           # the loop-carried dependency chain; the partial results are combined after the loop
-          per = max(1, min(len(key), MAX_ACCS // len(by_out)))
+          per = max(1, min(len(key), MAX_ACCS // n_groups))
           phis = []
           for c in range(per):
             acc = UOp(UOps.DEFINE_ACC, dt, loops, (init, self.acc_n))
@@ -568,26 +601,32 @@ def _reduce_paths(ast: LazyOp) -> dict[LazyOp, tuple]:
   """The reduce axes of the reduces enclosing each reduce of ast (outermost first), on its first path from a STORE."""
   paths: dict[LazyOp, tuple] = {}
   seen: set[tuple[LazyOp, tuple]] = set()
-  def walk(op: LazyOp, path: tuple) -> None:
-    if (op, path) in seen: return
+  stack: list[tuple[LazyOp, tuple]] = [(ast, ())]   # depth first, sources in order (no recursion: deep ASTs)
+  while stack:
+    op, path = stack.pop()
+    if (op, path) in seen: continue
     seen.add((op, path))
     if op.op in ReduceOps:
       paths.setdefault(op, path)
       path = path + (tuple(op.arg) if isinstance(op.arg, tuple) else (),)
-    for s in op.src: walk(s, path)
-  walk(ast, ())
+    stack.extend([(s, path) for s in reversed(op.src)])
   return paths
 
 def _substitute(u: UOp, sub: dict[UOp, UOp], memo: dict[UOp, UOp]) -> UOp:
   """u with every UOp in sub replaced (only the UOps that depend on one are rebuilt)."""
-  if (r := memo.get(u)) is None:
-    if u in sub: r = sub[u]
-    elif not u.src: r = u
+  stack: list[tuple[UOp, bool]] = [(u, False)]   # sources before users, without recursion
+  while stack:
+    x, ready = stack.pop()
+    if x in memo: continue
+    if x in sub: memo[x] = sub[x]
+    elif not x.src: memo[x] = x
+    elif not ready:
+      stack.append((x, True))
+      stack.extend([(s, False) for s in x.src if s not in memo])
     else:
-      srcs = tuple(_substitute(s, sub, memo) for s in u.src)
-      r = u if all(a is b for a, b in zip(srcs, u.src)) else UOp(u.op, u.dtype, srcs, u.arg)
-    memo[u] = r
-  return r
+      srcs = tuple([memo[s] for s in x.src])
+      memo[x] = x if all(a is b for a, b in zip(srcs, x.src)) else UOp(x.op, x.dtype, srcs, x.arg)
+  return memo[u]
 
 def lower(ast: LazyOp, opts: Any) -> UOp:
   """The SINK of the UOp graph of an optimized AST (see the axis groups above) for a dialect `opts`. Index arithmetic

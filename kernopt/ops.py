@@ -15,7 +15,7 @@ from enum import Enum, auto
 from typing import Any, Callable, Optional, TextIO, Union
 from kernopt.dtype import ConstType, DType, ImageDType, dtypes, storage_dtype_error
 from kernopt.errors import VerifyError
-from kernopt.helpers import dedup, prod
+from kernopt.helpers import prod
 from kernopt.shape import symbolic
 from kernopt.shape.shapetracker import ShapeTracker
 from kernopt.shape.view import View
@@ -136,30 +136,125 @@ class LazyOp:
   def __eq__(self, other: object) -> bool:
     if self is other: return True
     if not isinstance(other, LazyOp) or self._hash != other._hash: return False
-    return self.op is other.op and self.arg == other.arg and self.src == other.src
+    return _same_tree(self, other)
 
   @functools.cached_property
   def dtype(self) -> Optional[DType]:
-    """The dtype this op produces (None for STORE and KERNEL)."""
-    if self.op in (BufferOps.LOAD, BufferOps.CONST): return self.arg.dtype
-    if self.op in (UnaryOps.CAST, UnaryOps.BITCAST): return self.arg
-    if self.op in (BufferOps.STORE, MetaOps.KERNEL): return None
-    if self.op is ReduceOps.WMMA: return self.arg.dtype_out
-    if self.op in (BinaryOps.CMPLT, BinaryOps.CMPNE): return dtypes.bool
-    if self.op is TernaryOps.WHERE: return self.src[1].dtype
-    return self.src[-1].dtype
+    """The dtype this op produces (None for STORE and KERNEL): its own for buffer ops, casts, comparisons and WMMA,
+    else its value source's (WHERE's src[1], otherwise the last source)."""
+    # walk down the chain of ops that take a source's dtype (no recursion: the chain may be 10,000 ops long), then
+    # cache the dtype found on every op passed
+    chain: list[LazyOp] = []
+    x = self
+    while (dt := x.__dict__.get("dtype", _UNSET)) is _UNSET and (s := _dtype_source(x)) is not None:
+      chain.append(x)
+      x = s
+    if dt is _UNSET: dt = _own_dtype(x)
+    for y in chain: y.__dict__["dtype"] = dt
+    return dt
 
   @functools.cached_property
   def lazyops(self) -> list[LazyOp]:
-    """Every op of the tree, each once, children before parents."""
-    return dedup([x for s in self.src for x in s.lazyops] + [self])
+    """Every op of the tree, each once, children before parents: a depth-first walk, sources in order, each op
+    placed after the last of its sources (an explicit stack: a 10,000-deep tree needs no Python recursion)."""
+    order: list[LazyOp] = []
+    seen = {self}
+    stack: list[tuple[LazyOp, int]] = [(self, 0)]
+    while stack:
+      op, i = stack[-1]
+      if i < len(op.src):
+        stack[-1] = (op, i + 1)
+        if (s := op.src[i]) not in seen:
+          seen.add(s)
+          stack.append((s, 0))
+      else:
+        stack.pop()
+        order.append(op)
+    return order
 
   def vars(self) -> list[Any]:
-    """The symbolic Variables in the shapes of this tree's buffers, sorted by name."""
+    """The symbolic Variables in the shapes of this tree's buffers and in its symbolic CONSTs, sorted by name."""
     found = {v for x in self.lazyops if x.op in BufferOps for v in x.arg.st.vars()}
+    found |= {v for x in self.lazyops if x.op is BufferOps.CONST and isinstance(x.arg.val, symbolic.Node)
+              for v in x.arg.val.vars()}
     return sorted(found, key=lambda v: v.expr)
 
-  def __repr__(self) -> str: return f"LazyOp({self.op}, src={self.src!r}, arg={self.arg!r})"
+  def __repr__(self) -> str:
+    """`LazyOp(op, src=(...), arg=...)`, sources nested. An op that is a source more than once is spelled once, at
+    its first place, as `#k=LazyOp(...)`, and as `#k` at the others (so the text grows with the number of ops, not
+    of paths). Written from an explicit stack of pending text, without recursion."""
+    uses: dict[LazyOp, int] = {}
+    for op in self.lazyops:
+      for s in op.src: uses[s] = uses.get(s, 0) + 1
+    labels: dict[LazyOp, str] = {}
+    out: list[str] = []
+    stack: list[Union[LazyOp, str]] = [self]
+    while stack:
+      x = stack.pop()
+      if isinstance(x, str):
+        out.append(x)
+        continue
+      if (label := labels.get(x)) is not None:
+        out.append(label)
+        continue
+      if uses.get(x, 0) > 1:
+        labels[x] = label = f"#{len(labels) + 1}"
+        out.append(f"{label}=")
+      out.append(f"LazyOp({x.op}, src=(")
+      stack.append(f"{',' if len(x.src) == 1 else ''}), arg={x.arg!r})")
+      for i in range(len(x.src) - 1, -1, -1):
+        stack.append(x.src[i])
+        if i: stack.append(", ")
+    return "".join(out)
+
+_UNSET: Any = object()
+
+def walk_ops(root: LazyOp, accept: Callable[[LazyOp], bool]) -> list[LazyOp]:
+  """root and the ops under it that `accept`, reached through accepted ops only, each once, children before parents
+  (sources in order). An explicit stack, so that a pass can visit a 10,000-deep tree bottom-up without recursion."""
+  order: list[LazyOp] = []
+  seen = {root}
+  stack: list[tuple[LazyOp, int]] = [(root, 0)]
+  while stack:
+    op, i = stack[-1]
+    if i < len(op.src):
+      stack[-1] = (op, i + 1)
+      if (s := op.src[i]) not in seen and accept(s):
+        seen.add(s)
+        stack.append((s, 0))
+    else:
+      stack.pop()
+      order.append(op)
+  return order
+
+_OWN_DTYPE = frozenset((*BufferOps, UnaryOps.CAST, UnaryOps.BITCAST, BinaryOps.CMPLT, BinaryOps.CMPNE, MetaOps.KERNEL,
+                        ReduceOps.WMMA))
+
+def _dtype_source(op: LazyOp) -> Optional[LazyOp]:
+  """The source whose dtype op produces, or None where op's dtype is its own."""
+  o = op.op
+  if o in _OWN_DTYPE or not op.src: return None
+  return op.src[1] if o is TernaryOps.WHERE and len(op.src) > 1 else op.src[-1]
+
+def _own_dtype(op: LazyOp) -> Optional[DType]:
+  o = op.op
+  if o is BufferOps.LOAD or o is BufferOps.CONST: return op.arg.dtype
+  if o is UnaryOps.CAST or o is UnaryOps.BITCAST: return op.arg
+  if o is ReduceOps.WMMA: return op.arg.dtype_out
+  if o is BinaryOps.CMPLT or o is BinaryOps.CMPNE: return dtypes.bool
+  return None
+
+def _same_tree(a: LazyOp, b: LazyOp) -> bool:
+  """a and b are equal trees: the same op, arg and (equal) sources at every node; each pair compared once."""
+  stack, seen = [(a, b)], set()
+  while stack:
+    x, y = stack.pop()
+    if x is y: continue
+    if x._hash != y._hash or x.op is not y.op or len(x.src) != len(y.src) or not x.arg == y.arg: return False
+    if (key := (id(x), id(y))) in seen: continue
+    seen.add(key)
+    stack.extend(zip(x.src, y.src))
+  return True
 
 # ***** op semantics: one definition of each ALU op *****
 
@@ -269,6 +364,8 @@ def _reduced(shape: tuple[Any, ...], axes: Any, op: LazyOp) -> tuple[Any, ...]:
     if not 0 <= a < len(shape): raise VerifyError(f"{op.op} axis {a} is out of range for shape {_shape_str(shape)}")
   return tuple(1 if i in axes else s for i, s in enumerate(shape))
 
+_WALKED = frozenset((UnaryOps, BinaryOps, TernaryOps, ReduceOps))
+
 class _Verifier:
   """Walks an AST once, children first, recording each op's ShapeTracker in `sts`."""
   def __init__(self) -> None: self.sts: dict[LazyOp, ShapeTracker] = {}
@@ -276,6 +373,14 @@ class _Verifier:
   def visit(self, op: Any, local_ok: bool = False) -> ShapeTracker:
     if not isinstance(op, LazyOp): raise VerifyError(f"an AST source must be a LazyOp, got {type(op).__name__} {op!r}")
     if (st := self.sts.get(op)) is not None: return st
+    if type(op.op) in _WALKED:
+      # the elementwise and reduce ops below op first, children before parents, so that the checks' own visits of
+      # sources find them done: a 10,000-deep chain costs no Python recursion
+      sts = self.sts
+      for x in walk_ops(op, lambda x: type(x.op) in _WALKED and x not in sts)[:-1]: self._visit_one(x, False)
+    return self._visit_one(op, local_ok)
+
+  def _visit_one(self, op: LazyOp, local_ok: bool) -> ShapeTracker:
     if not isinstance(op.src, tuple):
       raise VerifyError(f"{op.op} needs a tuple of sources, got {type(op.src).__name__}")
     for x in op.src:
@@ -300,8 +405,9 @@ class _Verifier:
     if op.op is BufferOps.CONST:
       buf = self._buffer_arg(op, ConstBuffer)
       if op.src: raise VerifyError(f"CONST takes no sources, got {len(op.src)}")
-      if not isinstance(buf.val, (int, float)): raise VerifyError(f"CONST value must be a number, got {buf.val!r}")
-      _check_const(buf)
+      if isinstance(buf.val, symbolic.Node): _check_symbolic_const(buf)
+      elif not isinstance(buf.val, (int, float)): raise VerifyError(f"CONST value must be a number, got {buf.val!r}")
+      else: _check_const(buf)
       return buf.st
     if op.op is BufferOps.LOAD: return self._load(op)
     if op.op is BufferOps.STORE: return self._store(op, local_ok)
@@ -367,8 +473,12 @@ def _value_dtype(op: LazyOp) -> Optional[DType]:
   """The dtype of op's values: an image's base type for the LOAD of an image."""
   return op.dtype.base if isinstance(op.dtype, ImageDType) else op.dtype
 
+_BITWISE = (BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR)
+_SHIFTS = (BinaryOps.SHL, BinaryOps.SHR)
+
 def _check_alu_dtypes(op: LazyOp) -> None:
-  """ALU operands share one dtype (CAST and BITCAST are the only conversions); WHERE's condition is bool."""
+  """ALU operands share one dtype (CAST and BITCAST are the only conversions); WHERE's condition is bool; XOR, AND and
+  OR take ints or bools, SHL and SHR ints."""
   vals = op.src
   if op.op is TernaryOps.WHERE:
     if (c := _value_dtype(op.src[0])) != dtypes.bool:
@@ -378,6 +488,11 @@ def _check_alu_dtypes(op: LazyOp) -> None:
   if any(d != dts[0] for d in dts[1:]):
     got = " and ".join(f"{x.op} of {d}" for x, d in zip(vals, dts))
     raise VerifyError(f"{op.op} operands disagree in dtype: {got}; CAST one of them")
+  if (dt := dts[0]) is None: return
+  if op.op in _BITWISE and not (dtypes.is_int(dt.scalar()) or dt.scalar() == dtypes.bool):
+    raise VerifyError(f"{op.op} needs int or bool operands, got {dt}")
+  if op.op in _SHIFTS and not dtypes.is_int(dt.scalar()):
+    raise VerifyError(f"{op.op} needs int operands, got {dt}")
 
 def _check_const(buf: ConstBuffer) -> None:
   """A CONST's value is representable in its dtype: NaN and inf only for floats, ints in range, bools 0 or 1."""
@@ -394,6 +509,27 @@ def _check_const(buf: ConstBuffer) -> None:
     raise VerifyError(f"CONST {val!r} is not representable in {buf.dtype}: only float types hold it")
   if dtypes.is_int(dt) and not dtypes.min(dt) <= val <= dtypes.max(dt):
     raise VerifyError(f"CONST {val!r} is out of range for {buf.dtype} [{dtypes.min(dt)}, {dtypes.max(dt)}]")
+
+def _check_symbolic_const(buf: ConstBuffer) -> None:
+  """A symbolic CONST is an int expression of Variables (symbolic nodes only divide non-negative values): its value
+  in an int dtype, that value converted in a float one; its whole range must fit the dtype."""
+  val, dt = buf.val, buf.dtype.scalar()
+  assert isinstance(val, symbolic.Node)
+  if dt == dtypes.bool or not (dtypes.is_int(dt) or dtypes.is_float(dt)):
+    raise VerifyError(f"a symbolic CONST {val!r} needs an int or float dtype, got {buf.dtype}")
+  stack: list[Any] = [val]
+  while stack:
+    n = stack.pop()
+    if isinstance(n, (symbolic.LtNode, symbolic.AndNode)):
+      raise VerifyError(f"a symbolic CONST {val!r} can't hold a comparison ({n!r})")
+    if isinstance(n, symbolic.SumNode): stack.extend(n.nodes)
+    elif isinstance(n, (symbolic.MulNode, symbolic.DivNode, symbolic.ModNode)):
+      stack.extend(x for x in (n.a, n.b) if isinstance(x, symbolic.Node))
+  if dtypes.is_int(dt) and not (dtypes.min(dt) <= val.min and val.max <= dtypes.max(dt)):
+    raise VerifyError(f"CONST {val!r} in [{val.min}, {val.max}] is out of range for {buf.dtype} "
+                      f"[{dtypes.min(dt)}, {dtypes.max(dt)}]")
+  if dtypes.is_float(dt) and any(math.isinf(truncate_float(float(b), dt)) for b in (val.min, val.max)):
+    raise VerifyError(f"CONST {val!r} in [{val.min}, {val.max}] overflows {buf.dtype}")
 
 def verify_lazyop(ast: LazyOp) -> dict[LazyOp, ShapeTracker]:
   """Check that `ast` is a well-formed KERNEL and return the ShapeTracker of each op under it.
@@ -470,18 +606,25 @@ def _arg_str(op: LazyOp) -> str:
   if isinstance(a, ConstBuffer): return f"const {a.val!r} {a.dtype} {_shape_str(a.st.shape)}"
   return "" if a is None else repr(a)
 
+_MAX_INDENT = 64
+
+def _indent(depth: int) -> str:
+  return "  " * depth if depth <= _MAX_INDENT else "  " * _MAX_INDENT + f"[depth {depth}] "
+
 def format_tree(ast: LazyOp) -> str:
-  """One line per op, indented by depth: `#id op arg`; a shared sub-tree is printed once and then named by its #id."""
+  """One line per op, indented by depth: `#id op arg`; a shared sub-tree is printed once and then named by its #id.
+  Past 64 levels the indent stops growing and the line starts with `[depth d]`."""
   ids: dict[LazyOp, int] = {}
   lines: list[str] = []
-  def walk(op: LazyOp, depth: int) -> None:
+  stack: list[tuple[LazyOp, int]] = [(ast, 0)]
+  while stack:
+    op, depth = stack.pop()
     if op in ids:
-      lines.append(f"{'  ' * depth}#{ids[op]} (shared)")
-      return
+      lines.append(f"{_indent(depth)}#{ids[op]} (shared)")
+      continue
     ids[op] = len(ids)
-    lines.append(f"{'  ' * depth}#{ids[op]} {str(op.op).split('.')[-1]} {_arg_str(op)}".rstrip())
-    for x in op.src: walk(x, depth + 1)
-  walk(ast, 0)
+    lines.append(f"{_indent(depth)}#{ids[op]} {str(op.op).split('.')[-1]} {_arg_str(op)}".rstrip())
+    stack.extend((x, depth + 1) for x in reversed(op.src))
   return "\n".join(lines)
 
 def print_tree(ast: LazyOp, file: Optional[TextIO] = None) -> None:

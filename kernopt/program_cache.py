@@ -11,7 +11,7 @@ from kernopt.helpers import Config, count, diskcache_get, diskcache_put, diskcac
 from kernopt.ops import LazyOp, ast_digest, value_from_json, value_to_json
 from kernopt.renderers import BufferArg, Program, Renderer, VarArg
 
-PROGRAM_FORMAT = 1
+PROGRAM_FORMAT = 2
 MAX_ENTRIES = 4096
 TABLE = "program_cache"
 # knobs that change what the optimizer chooses or the lowerer emits (DEBUG, caches and device choice do not)
@@ -32,17 +32,19 @@ def program_to_json(p: Program) -> dict[str, Any]:
   return {"name": p.name, "src": p.src, "device": p.device, "global_size": value_to_json(p.global_size),
           "local_size": value_to_json(p.local_size), "op_estimate": value_to_json(p.op_estimate),
           "mem_estimate": value_to_json(p.mem_estimate),
-          "args": [[a.idx, value_to_json(a.dtype), value_to_json(a.min_size), a.writable, a.used] for a in p.args],
+          "args": [[a.idx, value_to_json(a.dtype), value_to_json(a.min_size), a.writable, a.used, value_to_json(a.lo),
+                    value_to_json(a.hi)] for a in p.args],
           "vars": [value_to_json(v) for v in p.vars],
           "var_args": [[a.name, value_to_json(a.dtype)] for a in p.var_args],
-          "display_name": p.extra.get("display_name", p.name)}
+          "display_name": p.extra.get("display_name", p.name), "opts": list(p.extra.get("opts", ()))}
 
 def program_from_json(d: dict[str, Any]) -> Program:
-  args = tuple(BufferArg(i, value_from_json(dt), value_from_json(ms), bool(w), bool(u))
-               for i, dt, ms, w, u in d["args"])
+  args = tuple(BufferArg(i, value_from_json(dt), value_from_json(ms), bool(w), bool(u), value_from_json(lo),
+                         value_from_json(hi)) for i, dt, ms, w, u, lo, hi in d["args"])
   return Program(d["name"], d["src"], d["device"], value_from_json(d["global_size"]), value_from_json(d["local_size"]),
                  None, value_from_json(d["op_estimate"]), value_from_json(d["mem_estimate"]), args,
-                 tuple(value_from_json(v) for v in d["vars"]), {"display_name": d["display_name"]},
+                 tuple(value_from_json(v) for v in d["vars"]),
+                 {"display_name": d["display_name"], "opts": tuple(str(o) for o in d.get("opts", ()))},
                  tuple(VarArg(n, value_from_json(dt)) for n, dt in d["var_args"]))
 
 def _today() -> int: return int(time.time() // 86400)

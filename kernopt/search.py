@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence
 import numpy as np
 import kernopt
-from kernopt import ops
+from kernopt import debug, ops
 from kernopt.dtype import ImageDType
 from kernopt.errors import KernelOptError, KernoptError, TuningCacheError
 from kernopt.helpers import ansistrip, config_override, count, diskcache_get, diskcache_get_many, diskcache_items, \
@@ -63,7 +63,7 @@ class SearchConfig:
   max_rounds: Optional[int] = None   # None: 12 without a time budget, no limit but the budget with one
   executor: Optional[cf.Executor] = field(default=None, compare=False)
   workers: int = 2
-  progress: Optional[bool] = None   # None: on when DEBUG asks or stderr is a terminal
+  progress: bool = False   # a progress bar (tqdm when installed, else a line per round) on stderr
   cutoff: float = 3.0
   min_time_s: float = 0.003
   compile_timeout_s: float = 10.0   # a candidate whose build takes longer is dropped (a CPU compiler is killed)
@@ -164,6 +164,7 @@ _DISK_CACHED = ("CPU", "OPENCL")   # devices whose compile() stores the binary w
 def _knobs() -> dict[str, Any]:
   cfg = getconfig()
   ret = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+  ret["DEBUG"] = debug.level()   # 0 in a search: its workers print nothing either
   if not ret["CACHE_DIR"]: del ret["CACHE_DIR"]  # a remote worker keeps its own default
   return ret
 
@@ -203,11 +204,8 @@ class _Progress:
   def step(self) -> None:
     if self.bar is not None: self.bar.update(1)
 
-  def close(self, best: float, stats: SearchStats) -> None:
-    if not self.on: return
+  def close(self) -> None:
     if self.bar is not None: self.bar.close()
-    print(f"search {self.name}: best {best * 1e6:.1f} us after {stats.rounds} rounds, {stats.compiled} compiled, "
-          f"{stats.timed} timed, {stats.wall_s:.1f} s", file=sys.stderr)
 
 # ***** the search *****
 
@@ -237,8 +235,7 @@ class _Search:
     self.inflight: set[cf.Future] = set()   # builds submitted to the executor and not collected
     self.ast_json = ops.ast_to_json(kernel.ast)
     self.ast_digest = ops.ast_digest(kernel.ast)
-    show = cfg.progress if cfg.progress is not None else (getconfig().DEBUG >= 1 or sys.stderr.isatty())
-    self.progress = _Progress(show, ansistrip(kernel.name))
+    self.progress = _Progress(cfg.progress is True, ansistrip(kernel.name))
     self.best_time = math.inf
     self.chunk = max(4, 2 * cfg.workers)
     self.timing_reserve = 0.0   # builds stop waiting this long before the deadline, to leave time to time them
@@ -294,7 +291,7 @@ class _Search:
         except cf.TimeoutError: prg, err = None, "compile timed out"
       if prg is None:
         self.stats.failed += 1
-        if getconfig().DEBUG >= 2: print(f"search: {list(c.kernel.applied_opts)} failed: {err}", file=sys.stderr)
+        if getconfig().DEBUG >= 2: debug.emit(f"search: {list(c.kernel.applied_opts)} failed: {err}")
         continue
       self.stats.compiled += 1
       ret.append(c)
@@ -348,7 +345,7 @@ class _Search:
       try: c.time_s = self._measure(c.runner)
       except KernoptError as e:
         self.stats.failed += 1
-        if getconfig().DEBUG >= 2: print(f"search: {list(c.kernel.applied_opts)} failed to run: {e}", file=sys.stderr)
+        if getconfig().DEBUG >= 2: debug.emit(f"search: {list(c.kernel.applied_opts)} failed to run: {e}")
         continue
       self.stats.timed += 1
       self.best_time = min(self.best_time, c.time_s)
@@ -431,7 +428,7 @@ class _Search:
     try: res = self._run()
     finally: self._drop_executor(wait=True)
     self.stats.wall_s = time.perf_counter() - self.t0
-    self.progress.close(res.time_s, self.stats)
+    self.progress.close()
     return res
 
   def _run(self) -> SearchResult:
@@ -515,8 +512,14 @@ def search(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None, config: O
   outputs are overwritten) or on seeded random buffers when None, on `device` (default: the buffers' device, else
   the kernel's dialect's). var_vals default to each variable's midpoint. TC_OPT is 2 during the search. No cache."""
   cfg = config if config is not None else SearchConfig()
-  with config_override(TC_OPT=2):
-    return _Search(kernel, buffers, cfg, var_vals, device).run()
+  with config_override(TC_OPT=2), debug.quiet():   # candidates are no kernels of the user's: no DEBUG line each
+    res = _Search(kernel, buffers, cfg, var_vals, device).run()
+  if cfg.progress is True or debug.on(1):
+    st = res.stats
+    debug.emit(debug.search_line(ansistrip(res.kernel.name), res.time_s, res.baseline_s, res.kernel.applied_opts,
+                                 st.rounds, st.compiled, st.timed, st.wall_s))
+  debug.forget_cache_events()
+  return res
 
 def beam_search(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None, config: Optional[SearchConfig] = None,
                 var_vals: Optional[dict] = None, device: Optional[Compiled] = None) -> Kernel:

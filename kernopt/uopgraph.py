@@ -206,9 +206,24 @@ def graph_rewrite(root: UOp, pm: PatternMatcher) -> UOp:
 def bounds(u: UOp) -> tuple[Any, Any]:
   """(vmin, vmax) of an int or bool UOp's value over every execution; the dtype's range when unknown."""
   if (b := u.__dict__.get("_bounds")) is not None: return b
-  b = _bounds(u)
-  u.__dict__["_bounds"] = b
-  return b
+  # sources first, from an explicit stack: the bounds of an int chain of 10,000 ops need no recursion
+  stack = [u]
+  while stack:
+    x = stack[-1]
+    if "_bounds" in x.__dict__:
+      stack.pop()
+      continue
+    if x.op in _READS_SOURCE_BOUNDS and _has_bounds(x.dtype) and \
+       (todo := [s for s in x.src if "_bounds" not in s.__dict__]):
+      stack.extend(todo)
+      continue
+    stack.pop()
+    x.__dict__["_bounds"] = _bounds(x)
+  return u.__dict__["_bounds"]
+
+_READS_SOURCE_BOUNDS = (UOps.ALU, UOps.RANGE)
+def _has_bounds(dt: Optional[DType]) -> bool:
+  return dt is not None and dt.count == 1 and (dtypes.is_int(dt) or dt == dtypes.bool)
 
 def vmin(u: UOp) -> Any: return bounds(u)[0]
 def vmax(u: UOp) -> Any: return bounds(u)[1]

@@ -12,9 +12,8 @@ Exit status 1 when anything differs."""
 from __future__ import annotations
 import argparse
 import contextlib
-import difflib
 import fnmatch
-import json
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -26,63 +25,28 @@ from typing import Any, Callable, Iterator, Optional
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPLAY_DIR = os.path.join(ROOT, "tests", "replay")
 SCALES = ("small", "large")
-SM_COUNT_H200 = 132   # the multiprocessors of the GPU heuristics_cuda was measured on
-# the limits PoCL's CPU device reported on the reference host (the OPENCL device passes the real device's)
-POCL_LIMITS = {"local_max": (4096, 4096, 4096), "max_local_size": 4096, "shared_max": 524288}
 
 def _use_tree(root: str) -> None:
-  """Import kernopt, the catalogue and the workloads from the tree at root (before anything imported them)."""
+  """Import kernopt, the catalogue and the workloads from the tree at root (before anything imported them). A tree
+  older than kernopt.capture and kernopt.replay (a commit compared with --against) gets this tree's."""
   for p in (os.path.join(root, "benchmarks"), os.path.join(root, "tests"), root):
     if p not in sys.path[:3]: sys.path.insert(0, p)
   import kernopt
   where = os.path.dirname(os.path.dirname(os.path.abspath(kernopt.__file__)))
   if os.path.realpath(where) != os.path.realpath(root):
     raise RuntimeError(f"kernopt was imported from {where}, not from the tree at {root}")
-
-# ***** profiles: each a renderer with every host-derived capability pinned *****
-
-def _pin(r: Any, **attrs: Any) -> Any:
-  for k, v in attrs.items(): object.__setattr__(r, k, v)
-  return r
-
-def _native(width: int, level: str) -> Callable[[], Any]:
-  """The native CPU profile as an x86-64 `level` host with `width` fp32 lanes and 2 cores would build it. march is
-  "native" only so the constructor never refuses on this host; its ISA facts and load pinning are then fixed. (A
-  commit compared with --against that predates ISA_LEVELS gets the same profile without them.)"""
-  def make() -> Any:
-    import inspect
-    from kernopt.renderers import native
-    fma = level != "x86-64-v2"
-    kw = {"vector_width": width, "threads": 2, "parallel": "pthread", "fused_accumulate": fma, "march": "native"}
-    accepted = inspect.signature(native.NativeCRenderer).parameters
-    r = native.NativeCRenderer(**{k: v for k, v in kw.items() if k in accepted})
-    if (levels := getattr(native, "ISA_LEVELS", None)) is not None: _pin(r, isa=levels[level])
-    return _pin(r, pin_loads="x")
-  return make
-
-def _static(module: str, cls: str, **kw: Any) -> Callable[[], Any]:
-  def make() -> Any:
-    import importlib
-    return getattr(importlib.import_module(module), cls)(**kw)
-  return make
+  for name in ("capture", "replay"):
+    if importlib.util.find_spec(f"kernopt.{name}") is None:
+      spec = importlib.util.spec_from_file_location(f"kernopt.{name}", os.path.join(ROOT, "kernopt", f"{name}.py"))
+      assert spec is not None and spec.loader is not None
+      module = sys.modules[f"kernopt.{name}"] = importlib.util.module_from_spec(spec)
+      spec.loader.exec_module(module)
+      setattr(kernopt, name, module)
 
 def profiles() -> dict[str, Callable[[], Any]]:
-  """Profile name -> a factory of a fresh renderer. Only what a device derives from its host is pinned; the
-  dialects' own defaults are left alone, so a change to one of them shows in the capture."""
-  return {
-    "cpu_native_w4": _native(4, "x86-64-v2"),
-    "cpu_native_w8": _native(8, "x86-64-v3"),
-    "cpu_native_w16": _native(16, "x86-64-v4"),
-    "cpu_static": _static("kernopt.renderers.cstyle", "CRenderer"),
-    "opencl_cpu": _static("kernopt.renderers.opencl", "OpenCLRenderer", vector_width=8, clang=True,
-                          stream_stores=True, has_fp16=False, supports_images=True, **POCL_LIMITS),
-    "opencl": _static("kernopt.renderers.opencl", "OpenCLRenderer"),
-    "cuda": _static("kernopt.renderers.cuda", "CUDARenderer"),
-    "cuda_h200": _static("kernopt.renderers.cuda", "CUDARenderer", arch="sm_90", heuristics="cuda_gpu",
-                         sm_count=SM_COUNT_H200),
-    "metal": _static("kernopt.renderers.metal", "MetalRenderer"),
-    "amd": _static("kernopt.renderers.amd", "AMDRenderer"),
-  }
+  """Profile name -> a factory of a fresh renderer (kernopt.capture.profiles)."""
+  from kernopt import capture as cap
+  return cap.profiles()
 
 # ***** cases *****
 
@@ -107,44 +71,14 @@ def pinned_config() -> Iterator[None]:
   knobs = {f.name: f.default for f in fields(Config) if f.name != "CACHE_DIR"}
   with config_override(**{**knobs, "DISABLE_CACHE": 1}): yield
 
-def _size(dims: Optional[tuple]) -> Optional[list]:
-  return None if dims is None else [d if isinstance(d, int) else d.render() for d in dims]
-
-def _jsonable(x: Any) -> Any:
-  if isinstance(x, dict): return {str(k): _jsonable(v) for k, v in x.items()}
-  if isinstance(x, (list, tuple)): return [_jsonable(v) for v in x]
-  if isinstance(x, (frozenset, set)): return sorted(_jsonable(v) for v in x)
-  if x is None or isinstance(x, (bool, int, float, str)): return x
-  return repr(x)
-
 def capture_one(case: str, ast: Any, profile: str, renderer: Any) -> dict[str, Any]:
-  """The entry of ast under renderer: the standard protocol, rendered; a refusal (any KernoptError) records its
-  class and the step that refused."""
-  from kernopt import ops
-  from kernopt.errors import KernoptError
-  from kernopt.kernel import Kernel
-  entry: dict[str, Any] = {"case": case, "profile": profile, "ast_digest": ops.ast_digest(ast),
-                           "ast": ops.ast_to_json(ast), "capabilities": _jsonable(renderer.capabilities())}
-  step, k = "kernel", None
-  try:
-    k = Kernel(ast, opts=renderer)
-    step = "optimize"
-    k.required_optimizations()
-    if not k.apply_tensor_cores(): k.hand_coded_optimizations()
-    step = "render"
-    prg = k.to_program()
-  except KernoptError as e:
-    opts = [] if k is None else [[o.op.name, o.axis, o.amt] for o in k.applied_opts]
-    return {**entry, "opts": opts, "refused": {"error": type(e).__name__, "step": step}}
-  return {**entry, "opts": [[o.op.name, o.axis, o.amt] for o in k.applied_opts], "name": prg.name,
-          "global_size": _size(prg.global_size), "local_size": _size(prg.local_size), "src": prg.src.split("\n")}
+  """The entry of ast under renderer (kernopt.replay.capture_one)."""
+  from kernopt import replay as rp
+  return rp.capture_one(case, ast, profile, renderer)
 
 def dumps(entry: dict[str, Any]) -> str:
-  """entry as JSON text: one key per line, values compact, and the source one line per line."""
-  def val(k: str, v: Any) -> str:
-    if k != "src": return json.dumps(v, sort_keys=True, separators=(",", ":"), allow_nan=False)
-    return "[\n" + ",\n".join(f"  {json.dumps(line)}" for line in v) + "\n ]"
-  return "{\n" + ",\n".join(f" {json.dumps(k)}: {val(k, v)}" for k, v in entry.items()) + "\n}\n"
+  from kernopt import capture as cap
+  return cap.dumps(entry)
 
 def capture(only: Optional[Callable[[str, str], bool]] = None) -> dict[str, str]:
   """{relative path: file text} of the whole capture (only: a filter on (profile, case))."""
@@ -163,54 +97,23 @@ def capture(only: Optional[Callable[[str, str], bool]] = None) -> dict[str, str]
 
 def read_capture(folder: str = REPLAY_DIR) -> dict[str, str]:
   """{relative path: file text} of the capture stored under folder."""
-  out: dict[str, str] = {}
-  if not os.path.isdir(folder): return out
-  for profile in sorted(os.listdir(folder)):
-    sub = os.path.join(folder, profile)
-    if not os.path.isdir(sub): continue
-    for name in sorted(os.listdir(sub)):
-      if name.endswith(".json"):
-        with open(os.path.join(sub, name), encoding="utf-8") as f: out[f"{profile}/{name}"] = f.read()
-  return out
+  from kernopt import capture as cap
+  return cap.read_capture(folder)
 
 def write_capture(files: dict[str, str], folder: str = REPLAY_DIR) -> tuple[int, int]:
   """Write files under folder and remove the stale ones; (written or changed, removed)."""
-  os.makedirs(folder, exist_ok=True)
-  old = read_capture(folder)
-  for rel in sorted(set(old) - set(files)): os.remove(os.path.join(folder, rel))
-  changed = 0
-  for rel, text in files.items():
-    if old.get(rel) == text: continue
-    os.makedirs(os.path.dirname(os.path.join(folder, rel)), exist_ok=True)
-    with open(os.path.join(folder, rel), "w", encoding="utf-8", newline="\n") as f: f.write(text)
-    changed += 1
-  for profile in os.listdir(folder):
-    if os.path.isdir(p := os.path.join(folder, profile)) and not os.listdir(p): os.rmdir(p)
-  return changed, len(set(old) - set(files))
-
-# ***** comparing *****
+  from kernopt import capture as cap
+  return cap.write_capture(files, folder)
 
 def differences(old: dict[str, str], new: dict[str, str], old_label: str = "capture",
                 new_label: str = "tree") -> list[tuple[str, str]]:
   """(path, unified diff) of every file that differs between two captures, in path order."""
-  ret = []
-  for rel in sorted(set(old) | set(new)):
-    a, b = old.get(rel), new.get(rel)
-    if a == b: continue
-    diff = difflib.unified_diff((a or "").splitlines(keepends=True), (b or "").splitlines(keepends=True),
-                                f"{old_label}/{rel}" if a is not None else "/dev/null",
-                                f"{new_label}/{rel}" if b is not None else "/dev/null")
-    ret.append((rel, "".join(diff)))
-  return ret
+  from kernopt import capture as cap
+  return cap.differences(old, new, old_label, new_label)
 
 def source_view(text: str) -> str:
-  """What --against compares of a capture file: its Opts, launch sizes and source (or refusal), not the AST or the
-  capabilities record, whose encodings may change while the code they produce stays the same."""
-  e = json.loads(text)
-  head = [f"// opts: {json.dumps(e.get('opts'))}"]
-  if "refused" in e: return "\n".join([*head, f"// refused: {json.dumps(e['refused'], sort_keys=True)}", ""])
-  head.append(f"// global_size: {json.dumps(e.get('global_size'))} local_size: {json.dumps(e.get('local_size'))}")
-  return "\n".join([*head, *e.get("src", [])])
+  from kernopt import capture as cap
+  return cap.source_view(text)
 
 def _report(diffs: list[tuple[str, str]], total: int, max_lines: int) -> int:
   shown = 0

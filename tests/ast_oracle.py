@@ -286,7 +286,9 @@ class Evaluation:
       cb = x.arg
       _, valid = st_index(cb.st, self.vv)
       ret = zeros(valid.shape, cb.dtype)
-      ret[valid] = const_value(cb.val, cb.dtype)
+      # a symbolic CONST is its expression's integer value at var_vals, converted to the dtype
+      val = sym_eval(cb.val, self.vv) if isinstance(cb.val, sym.Node) else cb.val
+      ret[valid] = const_value(val, cb.dtype)
       return ret
     srcs = [self.memo[s] for s in x.src]
     sdts = [s.dtype for s in x.src]

@@ -196,14 +196,17 @@ def test_kernel_verifies_outputs():
   assert "(4, 8)" in msg and "(8, 4)" in msg
   assert "two STOREs" in _raises(VerifyError, A.kernel, A.store(0, A.load(2, f, (4,))), A.store(0, A.load(3, f, (4,))))
 
-def test_symbolic_const_builds_and_waits_for_issue_17():
+def test_symbolic_const_builds_and_runs():
   n = Variable("n", 1, 64)
   c = A.const(n, i32, (4,))
   assert c.arg.val is n and c.arg.st == A.view((4,), (0,))
-  try: ast = A.kernel(A.store(0, A.add(A.load(1, i32, (4,)), c)))
-  except VerifyError as e: pytest.xfail(f"a symbolic CONST is refused by the verifier until issue 17: {e}")
-  got = run(Device["CPU"], ast, {1: np.arange(4, dtype=np.int32)}, {0: (4, i32)}, {"n": 5})
-  np.testing.assert_array_equal(got[0], np.arange(4) + 5)
+  ast = A.kernel(A.store(0, A.add(A.load(1, i32, (4,)), c)))
+  assert ast.vars() == [n]
+  for dev_name in DEVICES:
+    dev = Device["CPU"] if dev_name == "CPU" else Device.open("PYTHON")
+    for nv in (1, 5, 64):
+      got = run(dev, ast, {1: np.arange(4, dtype=np.int32)}, {0: (4, i32)}, {"n": nv})
+      np.testing.assert_array_equal(got[0], np.arange(4) + nv)
 
 # ***** end to end, kernels built only through kernopt.ast *****
 

@@ -155,3 +155,27 @@ def test_runner_calls():
   with pytest.raises(LaunchError, match="wait must be a bool, got str"): runner(*bufs, var_vals={"n": 2}, wait="yes")
   runner(*bufs, var_vals={n: np.int64(3)}, wait=True)
   assert list(bufs[0].numpy()) == [0, 1, 2, 0]
+
+@needs_cc
+def test_cpu_extra_flags_and_march():
+  """extra_flags: a list or tuple of single compiler flags (no whitespace, NUL or newline; none that redirects the
+  build's output, input language or tools); march: None, 'native' or a known x86-64 level. Each refusal names the
+  argument, and nothing reaches the compiler."""
+  calls = dict(cpu.compiler_calls)
+  for bad, msg in [("-O1", "extra_flags must be a list or tuple of str flags, got str"),
+                   ([3], "extra_flags entries must be str, got int"), (["O1"], "'O1' is not one compiler flag"),
+                   (["-"], "is not one compiler flag"), (["-O1 -g"], "'-O1 -g' is not one compiler flag"),
+                   (["-DX=1\n#include"], "is not one compiler flag"), (["-DX\0"], "is not one compiler flag"),
+                   (["-o/tmp/x.so"], "'-o/tmp/x.so' is refused"), (["-xc++"], "refused"), (["-E"], "refused"),
+                   (["-fplugin=/tmp/p.so"], "refused"), (["-B/tmp"], "refused"), (["-specs=/tmp/s"], "refused")]:
+    with pytest.raises(UnsupportedError, match=msg): cpu.CPUDevice(extra_flags=bad)
+  for bad, msg in [(3, "march must be None or one of .*got int 3"), ("pentium4", "got str 'pentium4'"),
+                   ("native; rm", "got str"), (True, "got bool")]:
+    with pytest.raises(UnsupportedError, match=msg): cpu.CPUDevice(march=bad)
+  with pytest.raises(UnsupportedError, match="march must be None or one of"): Device.open("CPU", march="x86-64-v9")
+  with pytest.raises(UnsupportedError, match="extra_flags entry '-o' is refused"):
+    Device.open("CPU", extra_flags=["-o"])
+  with pytest.raises(UnsupportedError, match="workarounds must be a bool"): cpu.CPUDevice(workarounds=1)
+  assert cpu.compiler_calls == calls
+  assert cpu.CPUDevice(extra_flags=["-DKERNOPT_FRONT=2", "-Wno-unused"]).extra_flags == ("-DKERNOPT_FRONT=2",
+                                                                                         "-Wno-unused")

@@ -13,6 +13,7 @@ from kernopt.errors import KernelOptError
 from kernopt.kernel import Opt, OptOps
 from kernopt.ops import LazyOp
 from kernopt.renderers import get_renderer
+from kernopt.shape.symbolic import Variable, create_lt_node, sint
 from tests.fuzz import generate
 
 F = dtypes.float
@@ -21,43 +22,52 @@ N, M, D = 4, 8, 4
 
 # ***** the kernels: (AST, input shapes by buffer, output shape, numpy reference of the inputs) *****
 
-def _row(shape: tuple, axis: int, rank: int, stride: int = 1) -> Any:
-  """Buffer 1, an (N, M) matrix, viewed over `shape` with its rows along axis 0 and its columns along `axis`."""
-  strides = [0] * rank
-  strides[0], strides[axis] = M * stride, stride
+def _row(shape: tuple, axis: int, rank: int, stride: int = 1, m: sint = M) -> Any:
+  """Buffer 1, an (n, m) matrix, viewed over `shape` with its rows along axis 0 and its columns along `axis`."""
+  strides: list[sint] = [0] * rank
+  strides[0], strides[axis] = m * stride, stride
   return A.load(1, F, A.view(shape, strides))
 
 def _exp(x: LazyOp) -> LazyOp: return A.exp2(A.mul(x, LOG2E))
 
-def softmax_parts() -> tuple[LazyOp, LazyOp, LazyOp]:
-  """Full shape (N, o, j, k): the numerator's centred x at (N, o, 1, 1), the row max over k at (N, o, 1, 1), and
-  the sum over j of exp(x_j - max over k) at (N, o, 1, 1): the max nested in the sum."""
-  inner_max = A.max(_row((N, M, M, M), 3, 4), 3)                                    # (N, M, M, 1)
-  total = A.sum(_exp(A.sub(_row((N, M, M, 1), 2, 4), inner_max)), 2)                # (N, M, 1, 1)
-  row_max = A.max(_row((N, M, 1, M), 3, 4), 3)                                      # (N, M, 1, 1)
-  return A.sub(_row((N, M, 1, 1), 1, 4), row_max), row_max, total
+def softmax_parts(n: sint = N, m: sint = M) -> tuple[LazyOp, LazyOp, LazyOp]:
+  """Full shape (n, o, j, k): the numerator's centred x at (n, o, 1, 1), the row max over k at (n, o, 1, 1), and
+  the sum over j of exp(x_j - max over k) at (n, o, 1, 1): the max nested in the sum."""
+  def row(shape: tuple, axis: int) -> LazyOp: return _row(shape, axis, 4, m=m)
+  inner_max = A.max(row((n, m, m, m), 3), 3)                                        # (n, m, m, 1)
+  total = A.sum(_exp(A.sub(row((n, m, m, 1), 2), inner_max)), 2)                    # (n, m, 1, 1)
+  row_max = A.max(row((n, m, 1, m), 3), 3)                                          # (n, m, 1, 1)
+  return A.sub(row((n, m, 1, 1), 1), row_max), row_max, total
 
-def softmax() -> tuple:
-  centred, _, total = softmax_parts()
+def softmax(n: sint = N, m: sint = M) -> tuple:
+  centred, _, total = softmax_parts(n, m)
   def ref(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(1, keepdims=True))
     return e / e.sum(1, keepdims=True)
   return A.kernel(A.store(0, A.div(_exp(centred), total))), ref
 
-def log_softmax() -> tuple:
-  centred, _, total = softmax_parts()
+def log_softmax(n: sint = N, m: sint = M) -> tuple:
+  centred, _, total = softmax_parts(n, m)
   def ref(x: np.ndarray) -> np.ndarray:
     c = x - x.max(1, keepdims=True)
     return c - np.log(np.exp(c).sum(1, keepdims=True))
   return A.kernel(A.store(0, A.sub(centred, A.mul(A.log2(total), LN2)))), ref
 
-def _mean(shape: tuple, axis: int) -> LazyOp: return A.mul(A.sum(_row(shape, axis, len(shape)), axis), 1.0 / M)
+def _inv(m: sint, x: LazyOp) -> LazyOp:
+  """x * (1/m): for a symbolic m, the symbolic CONST m cast to float, then its reciprocal."""
+  if isinstance(m, int): return A.mul(x, 1.0 / m)
+  return A.mul(x, A.recip(A.cast(A.const(m, dtypes.int32, A.shape_of(x)), F)))
 
-def layernorm() -> tuple:
-  """(x - mean) / sqrt(var + eps) over rows, full shape (N, o, j, k): var's mean (over k) nested in var (over j)."""
-  dev = A.sub(_row((N, M, M, 1), 2, 4), _mean((N, M, M, M), 3))
-  var = A.mul(A.sum(A.mul(dev, dev), 2), 1.0 / M)                                   # (N, M, 1, 1)
-  out = A.mul(A.sub(_row((N, M, 1, 1), 1, 4), _mean((N, M, 1, M), 3)), A.recip(A.sqrt(A.add(var, 1e-5))))
+def _mean(shape: tuple, axis: int, m: sint = M) -> LazyOp:
+  return _inv(m, A.sum(_row(shape, axis, len(shape), m=m), axis))
+
+def layernorm(n: sint = N, m: sint = M) -> tuple:
+  """(x - mean) / sqrt(var + eps) over rows, full shape (n, o, j, k): var's mean (over k) nested in var (over j).
+  Over a symbolic m the variance divides by the float CONST holding m."""
+  dev = A.sub(_row((n, m, m, 1), 2, 4, m=m), _mean((n, m, m, m), 3, m))
+  sq = A.sum(A.mul(dev, dev), 2)                                                    # (n, m, 1, 1)
+  var = A.mul(sq, 1.0 / m) if isinstance(m, int) else A.div(sq, A.const(m, F, A.shape_of(sq)))
+  out = A.mul(A.sub(_row((n, m, 1, 1), 1, 4, m=m), _mean((n, m, 1, m), 3, m)), A.recip(A.sqrt(A.add(var, 1e-5))))
   def ref(x: np.ndarray) -> np.ndarray:
     return (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5)
   return A.kernel(A.store(0, out)), ref
@@ -82,18 +92,18 @@ def max_then_sum() -> tuple:
   ast = A.kernel(A.store(0, A.sum(A.max(A.load(1, F, (N, M, D)), 2), 1)))
   return ast, lambda a: a.max(2).sum(1)
 
-def attention_softmax() -> tuple:
-  """softmax over keys of the scores q @ k^T (q: (N, D), k: (M, D)), full shape (N, o, j, jj, d): the score's sum
+def attention_softmax(n: sint = N, m: sint = M) -> tuple:
+  """softmax over keys of the scores q @ k^T (q: (n, D), k: (m, D)), full shape (n, o, j, jj, d): the score's sum
   over d nested in the max over jj, nested in the sum over j."""
   def scores(shape: tuple, key_axis: int) -> LazyOp:
     q = A.load(1, F, A.view(shape, (D, 0, 0, 0, 1)))
     strides = [0, 0, 0, 0, 1]
     strides[key_axis] = D
     return A.sum(A.mul(q, A.load(2, F, A.view(shape, strides))), 4)
-  inner_max = A.max(scores((N, M, M, M, D), 3), 3)                                  # (N, M, M, 1, 1)
-  total = A.sum(_exp(A.sub(scores((N, M, M, 1, D), 2), inner_max)), 2)              # (N, M, 1, 1, 1)
-  row_max = A.max(scores((N, M, 1, M, D), 3), 3)
-  out = A.div(_exp(A.sub(scores((N, M, 1, 1, D), 1), row_max)), total)
+  inner_max = A.max(scores((n, m, m, m, D), 3), 3)                                  # (n, m, m, 1, 1)
+  total = A.sum(_exp(A.sub(scores((n, m, m, 1, D), 2), inner_max)), 2)              # (n, m, 1, 1, 1)
+  row_max = A.max(scores((n, m, 1, m, D), 3), 3)
+  out = A.div(_exp(A.sub(scores((n, m, 1, 1, D), 1), row_max)), total)
   def ref(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     s = q @ k.T
     e = np.exp(s - s.max(1, keepdims=True))
@@ -170,6 +180,52 @@ def test_random_opts(device: Any, name: str) -> None:
   assert not problems, problems
   for k in kernels: _check(device, k, name)
 
+# ***** over a symbolic axis: one compiled program per kernel, launched at several values of the Variable *****
+
+SYM_M, SYM_N = Variable("m", 1, 16), Variable("n", 1, 6)
+# name -> (builder, its (n, m), input shapes and output shape as functions of (n, m), the (n, m) values launched)
+SYM_CASES: dict[str, tuple[Callable, tuple, Callable, Callable, list[tuple[int, int]]]] = {
+  "softmax": (softmax, (N, SYM_M), lambda n, m: {1: (n, m)}, lambda n, m: (n, m), [(N, 1), (N, 7), (N, 16)]),
+  "log_softmax": (log_softmax, (N, SYM_M), lambda n, m: {1: (n, m)}, lambda n, m: (n, m), [(N, 1), (N, 5), (N, 16)]),
+  "layernorm": (layernorm, (N, SYM_M), lambda n, m: {1: (n, m)}, lambda n, m: (n, m), [(N, 1), (N, 6), (N, 16)]),
+  "layernorm_batch": (layernorm, (SYM_N, SYM_M), lambda n, m: {1: (n, m)}, lambda n, m: (n, m),
+                      [(1, 3), (5, 16), (6, 9)]),
+  "attention_softmax": (attention_softmax, (N, SYM_M), lambda n, m: {1: (n, D), 2: (m, D)}, lambda n, m: (n, m),
+                        [(N, 1), (N, 5), (N, 11)]),
+}
+
+# log_softmax and layernorm (over m only) are softmax and layernorm_batch with another last op: off the two reference
+# devices they run the standard protocol only, to keep the default run short
+SYM_PROTOCOL_ONLY = {"log_softmax", "layernorm"}
+
+def _sym_kernels(device: Any, ast: LazyOp, name: str) -> list[Kernel]:
+  """The three plans: no opts, the standard protocol, and a random legal Opt sequence (its seed differs per device
+  and kernel, so the devices together try several)."""
+  if name in SYM_PROTOCOL_ONLY and device.renderer not in (Device["CPU"].renderer, Device.open("PYTHON").renderer):
+    return [protocol(Kernel(ast, opts=device.renderer))]
+  seed = sum(map(ord, f"{device.renderer.device}{type(device.renderer).__name__}{name}"))
+  kernels, _, problems = generate(ast, device.renderer, 1, seed=seed, name=name)
+  assert not problems, problems
+  plans = [Kernel(ast, opts=device.renderer), protocol(Kernel(ast, opts=device.renderer)), *kernels]
+  return list({k.applied_opts: k for k in reversed(plans)}.values())   # a plan that adds no Opt runs once
+
+@pytest.mark.parametrize("name", list(SYM_CASES))
+def test_symbolic_axis(device: Any, name: str) -> None:
+  build, (n, m), ins, out, values = SYM_CASES[name]
+  ast, ref = build(n, m)
+  assert {v.expr for v in ast.vars()} == {v.expr for v in (n, m) if isinstance(v, Variable)}
+  for k in _sym_kernels(device, ast, name):
+    runner = device.compile(k.to_program())
+    for nv, mv in values:
+      inputs = _inputs(ins(nv, mv), seed=nv * 100 + mv)
+      want = ref(*[inputs[i].astype(np.float64) for i in sorted(inputs)])
+      bufs = {i: Buffer(device, a.size, F).copyin(a.reshape(-1)) for i, a in inputs.items()}
+      bufs[0] = Buffer(device, nv * mv, F)
+      vv = {v.expr: val for v, val in ((n, nv), (m, mv)) if isinstance(v, Variable)}
+      runner(*[bufs[i] for i in sorted(bufs)], var_vals=vv, wait=True)
+      np.testing.assert_allclose(bufs[0].numpy().reshape(out(nv, mv)), want, rtol=1e-4, atol=1e-5,
+                                 err_msg=f"{name} {k.applied_opts} at {vv}")
+
 # ***** the Kernel's view of several reduces *****
 
 def test_one_kernel_each_row_once() -> None:
@@ -236,3 +292,165 @@ def test_zero_sized_axis_refuses_opts() -> None:
   for opt in (Opt(OptOps.UNROLL, 0, 0), Opt(OptOps.UNROLL, 0, 4), Opt(OptOps.GROUPTOP, 0, 16)):
     with pytest.raises(KernelOptError, match="size 0"): k.apply_opt(opt)
   assert k.applied_opts == ()
+
+# ***** symbolic CONSTs: an int expression of the kernel's Variables, rendered from the launch's var_vals *****
+
+NV = Variable("n", 1, 64)
+I32 = dtypes.int32
+
+def _sym_const_kernel() -> LazyOp:
+  """out[i] = x[i] + (n*3 + 1) // 2 in int32, and y[i] * float(n % 5 + 1) in float, over a length-4 axis."""
+  a = A.add(A.load(2, I32, (4,)), A.const((NV * 3 + 1) // 2, I32, (4,)))
+  b = A.mul(A.load(3, F, (4,)), A.const(NV % 5 + 1, F, (4,)))
+  return A.kernel(A.store(0, a), A.store(1, b))
+
+@pytest.mark.parametrize("dev_name", ["cpu_native", "python", "python_cuda", "python_metal", "python_amd", "opencl"])
+def test_symbolic_const_values(dev_name: str) -> None:
+  """The CONST's value at each n, against Python's own arithmetic on n (the oracle), on every device present."""
+  opener = dict(DEVICES, python_metal=lambda: Device.open("PYTHON", emulate="METAL"),
+                python_amd=lambda: Device.open("PYTHON", emulate="AMD")).get(dev_name)
+  if opener is None: pytest.skip(f"{dev_name} is not available here")
+  dev, ast = opener(), _sym_const_kernel()
+  assert ast.vars() == [NV]
+  runner = dev.compile(protocol(Kernel(ast, opts=dev.renderer)).to_program())
+  x, y = np.arange(4, dtype=np.int32) - 2, np.float32([0.5, -1.0, 2.0, 0.25])
+  for n in (1, 4, 37, 64):
+    bufs = [Buffer(dev, 4, I32), Buffer(dev, 4, F), Buffer(dev, 4, I32).copyin(x), Buffer(dev, 4, F).copyin(y)]
+    runner(*bufs, var_vals={"n": n}, wait=True)
+    np.testing.assert_array_equal(bufs[0].numpy(), x + (n * 3 + 1) // 2)
+    np.testing.assert_array_equal(bufs[1].numpy(), y * np.float32(n % 5 + 1))
+
+@pytest.mark.parametrize("dialect", ["CPU", "OPENCL", "CUDA", "METAL", "AMD"])
+def test_symbolic_const_renders_from_the_parameter(dialect: str) -> None:
+  """Every dialect spells the CONST from the kernel's parameter for n, never as a number."""
+  prg = protocol(Kernel(_sym_const_kernel(), opts=get_renderer(dialect))).to_program()
+  assert "v_n" in prg.src and "37" not in prg.src
+
+def test_symbolic_const_round_trips_and_the_oracle_evaluates_it() -> None:
+  from kernopt.ops import ast_dumps, ast_from_json, ast_to_json
+  from tests import ast_oracle as orc
+  ast = _sym_const_kernel()
+  assert ast_from_json(ast_to_json(ast)) == ast and ast_dumps(ast_from_json(ast_to_json(ast))) == ast_dumps(ast)
+  x, y = np.arange(4, dtype=np.int32), np.ones(4, np.float32)
+  ev = orc.evaluate(ast, {2: x, 3: y}, {0: np.zeros(4, np.int32), 1: np.zeros(4, np.float32)}, {"n": 9})
+  np.testing.assert_array_equal(ev.buffers[0], x + 14)
+  np.testing.assert_array_equal(ev.buffers[1], y * 5)
+
+def _raw_const(val: Any, dt: DType) -> LazyOp:
+  from kernopt.ops import BufferOps, ConstBuffer
+  return LazyOp(BufferOps.CONST, (), ConstBuffer(val, dt, A.view((4,), (0,))))
+
+def _raw_kernel(value: LazyOp, dt: DType) -> LazyOp:
+  from kernopt.ops import BufferOps, MemBuffer, MetaOps
+  return LazyOp(MetaOps.KERNEL, (LazyOp(BufferOps.STORE, (value,), MemBuffer(0, dt, A.view((4,), (1,)))),))
+
+SYM_CONST_REFUSALS = [
+  ("bool", lambda: _raw_const(NV, dtypes.bool), dtypes.bool, "int or float dtype"),
+  ("int8 range", lambda: _raw_const(NV * 3, dtypes.int8), dtypes.int8, "out of range for dtypes.int8"),
+  ("unsigned", lambda: _raw_const(Variable("k", -3, 3), dtypes.uint32), dtypes.uint32, "out of range"),
+  ("comparison", lambda: _raw_const(create_lt_node(NV, 5), I32), I32, "comparison"),
+  ("half overflow", lambda: _raw_const(Variable("big", 1, 100000), dtypes.half), dtypes.half, "overflows"),
+]
+
+@pytest.mark.parametrize("case", SYM_CONST_REFUSALS, ids=lambda c: c[0])
+def test_symbolic_const_refusals(case: tuple) -> None:
+  from kernopt import check
+  from kernopt.errors import VerifyError
+  _, make, dt, words = case
+  ast = _raw_kernel(make(), dt)
+  with pytest.raises(VerifyError, match=words) as e: Kernel(ast, opts=get_renderer("CPU"))
+  assert str(e.value) in check(ast)
+
+# ***** kernopt.check: every reason Kernel() would refuse an AST *****
+
+def _refused() -> dict[str, LazyOp]:
+  from kernopt.ops import BinaryOps, BufferOps, MemBuffer, MetaOps, ReduceOps, WMMAArg
+  def load(idx: int, dt: DType, shape: tuple) -> LazyOp:
+    return LazyOp(BufferOps.LOAD, (), MemBuffer(idx, dt, A.view(shape)))
+  def store(idx: int, v: LazyOp, shape: tuple, dt: DType = F) -> LazyOp:
+    return LazyOp(BufferOps.STORE, (v,), MemBuffer(idx, dt, A.view(shape)))
+  mixed = LazyOp(BinaryOps.ADD, (load(1, F, (4,)), load(2, I32, (4,))))
+  wa = WMMAArg("WMMA", (8, 16, 16), dtypes.half, dtypes.float, (8, 4, 4), "CUDA", (2, 3, 3), (2,))
+  wmma = LazyOp(ReduceOps.WMMA, (load(1, dtypes.half, (2, 2, 2)),) * 2, wa)
+  K = MetaOps.KERNEL
+  return {
+    "dtype mix": LazyOp(K, (store(0, mixed, (4,)),)),
+    "bad axis": LazyOp(K, (store(0, LazyOp(ReduceOps.SUM, (load(1, F, (4, 4)),), (2,)), (4, 1)),)),
+    "store shape": LazyOp(K, (store(0, load(1, F, (4,)), (5,)),)),
+    "two problems": LazyOp(K, (store(0, mixed, (4,)), store(1, load(2, I32, (4,)), (4,)))),
+    "same buffer twice": LazyOp(K, (store(0, load(1, F, (4,)), (4,)), store(0, load(2, F, (4,)), (4,)))),
+    "outputs disagree": LazyOp(K, (store(0, load(1, F, (4,)), (4,)), store(1, load(2, F, (2, 2)), (2, 2)))),
+    "wmma unoptimized": LazyOp(K, (store(0, wmma, (2, 2, 1)),)),
+    "not a kernel": load(1, F, (4,)),
+  }
+
+@pytest.mark.parametrize("name", list(_refused()))
+def test_check_lists_what_kernel_raises(name: str) -> None:
+  from kernopt import check
+  from kernopt.errors import KernoptError
+  ast = _refused()[name]
+  with pytest.raises(KernoptError) as e: Kernel(ast, opts=get_renderer("CPU"))
+  reasons = check(ast)
+  assert str(e.value) in reasons, (str(e.value), reasons)
+  if name == "two problems":   # each STORE verified on its own: both problems, before any Kernel exists
+    assert len(reasons) == 2 and "STORE to buffer 1 of dtypes.float" in reasons[1], reasons
+
+def test_check_accepts_what_kernel_accepts() -> None:
+  from kernopt import check
+  from tests.catalogue import catalogue
+  asts = [c.ast for c in catalogue()] + [b()[0] for b, _, _ in CASES.values()] + [_sym_const_kernel()]
+  asts += [SYM_CASES[name][0](*SYM_CASES[name][1])[0] for name in SYM_CASES]
+  for ast in asts:
+    assert check(ast) == [], (check(ast), ast)
+    Kernel(ast, opts=get_renderer("CPU"))
+
+def test_check_with_a_dialect_and_on_garbage() -> None:
+  from kernopt import check
+  from kernopt.errors import UnsupportedError
+  img = A.kernel(A.store(0, A.load(1, dtypes.imagef((2, 2, 4)), (2, 8)), (2, 8)))
+  assert check(img) == [] and check(img, opts=get_renderer("OPENCL")) == []
+  with pytest.raises(UnsupportedError) as e: Kernel(img, opts=get_renderer("CPU")).to_program()
+  assert check(img, opts=get_renderer("CPU")) == [str(e.value)]
+  assert check() and check(3) and check(None) # type: ignore[arg-type]
+
+# ***** the native CPU rule for several reduces (heuristics_cpu "cpu.multi_reduce"), at pinned vector widths *****
+
+MR_M = 16   # the row length: 2 vectors of 4 or 8 lanes, 1 vector of 16
+
+def _mr_amt(size: int, w: int) -> int:
+  """The rule's unroll of a reduce axis of `size`: two vectors when they divide it, else one."""
+  return 2 * w if size % (2 * w) == 0 else w
+
+# name -> (AST at rows of MR_M, input shapes, output shapes, the Opts cpu.multi_reduce says for width w)
+MR_CASES: dict[str, tuple[Callable, dict[int, tuple], dict[int, tuple], Callable[[int], list[Opt]]]] = {
+  name: (lambda b=b: b(N, MR_M), {1: (N, MR_M)}, {0: (N, MR_M)},
+         lambda w: [Opt(OptOps.UNROLL, 1, _mr_amt(MR_M, w)), Opt(OptOps.UNROLL, 0, _mr_amt(MR_M, w)),
+                    Opt(OptOps.UPCAST, 1, w)])
+  for name, b in (("softmax", softmax), ("log_softmax", log_softmax), ("layernorm", layernorm))}
+# mean_var has rows of M=8 and no output axis to vectorize: the two reduce axes are unrolled only
+MR_CASES["mean_var"] = (mean_var, {1: (N, M)}, {0: (N,), 2: (N,)},
+                        lambda w: [Opt(OptOps.UNROLL, 1, _mr_amt(M, w)), Opt(OptOps.UNROLL, 0, _mr_amt(M, w))])
+MR_WIDTHS = [(name, w) for name in MR_CASES for w in (4, 8, 16) if name != "mean_var" or M % w == 0]
+
+@pytest.mark.parametrize("name,w", MR_WIDTHS)
+def test_multi_reduce_cpu_rule(name: str, w: int) -> None:
+  """Each reduce axis (streamed by x) is unrolled into vectors of accumulators, last first, then the output axis is
+  upcast by one vector; the results match numpy."""
+  build, ins, outs, want_opts = MR_CASES[name]
+  ast, ref = build()
+  dev = Device.open("CPU", threads=1, vector_width=w)
+  k = protocol(Kernel(ast, opts=dev.renderer))
+  assert list(k.applied_opts) == want_opts(w), k.explain()
+  assert [d.rule for d in k.explain() if d.opt is not None] == ["cpu.multi_reduce"] * len(want_opts(w))
+  inputs = _inputs(ins, seed=w)
+  want = _reference(ref, inputs, outs)
+  got = run_kernel(dev, k, inputs, outs)
+  for i in outs:
+    np.testing.assert_allclose(got[i], want[i], rtol=1e-4, atol=1e-5, err_msg=f"{name} w={w} {k.applied_opts}")
+
+def test_multi_reduce_cpu_rule_falls_back() -> None:
+  """Where no vector divides a reduce axis (rows of 8 at width 16) the rule records why and unrolls nothing."""
+  k = Kernel(mean_var()[0], opts=Device.open("CPU", threads=1, vector_width=16).renderer)
+  assert not k.hand_coded_optimizations().applied_opts or all(d.rule != "cpu.multi_reduce" or d.opt is None
+                                                               for d in k.explain())
+  assert [d.reason for d in k.explain() if d.rule == "cpu.multi_reduce"][-1].startswith("no Opt applied")

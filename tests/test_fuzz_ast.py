@@ -36,7 +36,7 @@ from kernopt.errors import KernelOptError, KernoptError, ShapeError, Unsupported
 from kernopt.ops import (BinaryOps, BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps, ReduceOps,  # noqa: E402
                          TernaryOps, UnaryOps, ast_from_json, ast_to_json, verify_lazyop)
 from kernopt.shape.shapetracker import ShapeTracker  # noqa: E402
-from kernopt.shape.symbolic import Variable  # noqa: E402
+from kernopt.shape.symbolic import NumNode, Variable  # noqa: E402
 from kernopt.shape.view import View  # noqa: E402
 
 FUZZ_AST_N = int(os.environ.get("FUZZ_AST_N", "32"))
@@ -124,6 +124,8 @@ class Gen:
       if math.prod(S) <= 1024 and (math.prod(S) >= 2 or r.random() < 0.2): break
     self.S_max = tuple(S)
     self.R = tuple(a for a in range(rank) if r.random() < 0.4) if r.random() < 0.45 else ()
+    if len(self.R) == 1 and rank > 1 and r.random() < 0.4:   # two reduce axes: room for nested reduces
+      self.R = tuple(sorted(self.R + (r.choice([a for a in range(rank) if a not in self.R]),)))
     if r.random() < 0.15:
       cand = [a for a in range(rank) if S[a] >= 2]
       for name in ("n", "m")[:1 + (r.random() < 0.2)]:
@@ -138,7 +140,13 @@ class Gen:
     if self.R: self.tags["reduce axes " + str(len(self.R))] += 1
     if self.vars: self.tags["symbolic"] += 1
 
-  def shape(self, phase: str) -> tuple: return self.S if phase == "pre" else self.O
+  def shape(self, phase: Any) -> tuple:
+    if phase == "pre": return self.S
+    if phase == "post": return self.O
+    return tuple(1 if a in self.R and a not in phase else s for a, s in enumerate(self.S))
+  # a phase between "pre" and "post" is the sorted tuple of the reduce axes still live (not yet reduced) there
+  def live(self, phase: Any) -> tuple: return self.R if phase == "pre" else () if phase == "post" else phase
+  def phase_of(self, live: tuple) -> Any: return "pre" if live == self.R else "post" if not live else live
   def _int_axes(self, T: tuple) -> list[int]: return [a for a, s in enumerate(T) if isinstance(s, int)]
 
   # -- views --
@@ -269,6 +277,7 @@ class Gen:
 
   def const(self, dt: DType, phase: str, val: Any = None) -> V:
     r, T = self.r, self.shape(phase)
+    if val is None and self.vars and dt != BOOL and r.random() < 0.3: return self._symbolic_const(dt, T)
     if val is None:
       if dt == BOOL: val = r.random() < 0.5
       elif dt in FLOATS: val = r.choice((0.0, 1.0, -1.0, 0.5, 2.0, -0.25, 1.75, 3.0))
@@ -290,6 +299,17 @@ class Gen:
     return V(LazyOp(BufferOps.CONST, (), ConstBuffer(float(v) if dt in FLOATS else v, dt, st)), dt, lo, hi, True,
              2 if dt in FLOATS else 0)
 
+  def _symbolic_const(self, dt: DType, T: tuple) -> V:
+    """A CONST holding an int expression of the kernel's Variables (all small and >= 1: it fits every dtype)."""
+    r = self.r
+    v, w = r.choice(self.vars), r.choice(self.vars)
+    node = r.choice((v, v, v * 2 + 1, v // 2, (v + 3) // 4, v % 3, v + w, v * w // 16))
+    if isinstance(node, int): node = NumNode(node)
+    if dt in INTS and node.max > orc.int_range(dt)[1]: node = v
+    st = ShapeTracker((View.create(T, (0,) * len(T)),))
+    self.tags["symbolic const"] += 1
+    return V(LazyOp(BufferOps.CONST, (), ConstBuffer(node, dt, st)), dt, node.min, node.max, True, 0)
+
   # -- interior --
   def gen(self, dt: DType, phase: str, depth: int, exact: bool = False, top: bool = False,
           force_reduce: bool = False) -> V:
@@ -310,12 +330,12 @@ class Gen:
       if dt in FLOATS and not v.wild and v.mag > MAG[dt]: continue
       self.pool.setdefault((dt, phase), []).append(v)
       return v
-    if force_reduce: return self._reduce(dt, depth, exact)
+    if force_reduce: return self._reduce(dt, depth, exact, phase)
     return self.const(dt, phase)
 
   def _interior(self, dt: DType, phase: str, depth: int, exact: bool, top: bool, force: bool) -> Optional[V]:
     r = self.r
-    post_reduce = phase == "post" and bool(self.R)
+    post_reduce = self.live(phase) != self.R
     kinds = ["unary", "binary", "binary", "binary", "where", "cast", "cast"]
     if dt == BOOL: kinds += ["cmp", "cmp", "cmp"]
     if dt != BOOL and dt not in (F16, BF16): kinds.append("mulacc")
@@ -324,7 +344,7 @@ class Gen:
     if top: kinds.append("dead")
     kind = r.choice(kinds)
     d = depth - 1
-    if kind == "reduce": return self._reduce(dt, d, exact)
+    if kind == "reduce": return self._reduce(dt, d, exact, phase)
     if kind == "dead": return self._dead(dt, phase, d, force)
     if kind == "unary": return self._unary(dt, phase, d, exact, force)
     if kind == "binary": return self._binary(dt, phase, d, exact, force)
@@ -336,14 +356,23 @@ class Gen:
     if kind == "cast": return self._cast(dt, phase, d, exact, top, force)
     return self._bitcast(dt, phase, d, exact, top, force)
 
-  def _reduce(self, dt: DType, depth: int, exact: bool) -> V:
-    op = ReduceOps.MAX if dt == BOOL or self.r.random() < 0.35 else ReduceOps.SUM
-    x = self.gen(dt, "pre", depth, exact)
+  def _reduce(self, dt: DType, depth: int, exact: bool, phase: Any = "post") -> V:
+    """A reduce whose result is at `phase`: over every reduce axis not live there, or (nested: its input holds
+    another reduce) over some of them, from an input where the others are still live."""
+    r = self.r
+    out = self.live(phase)
+    missing = [a for a in self.R if a not in out]
+    axes = tuple(missing)
+    if len(missing) > 1 and r.random() < 0.6: axes = tuple(sorted(r.sample(missing, r.randint(1, len(missing) - 1))))
+    op = ReduceOps.MAX if dt == BOOL or r.random() < 0.35 else ReduceOps.SUM
+    src = self.phase_of(tuple(sorted(set(out) | set(axes))))
+    x = self.gen(dt, src, depth, exact, force_reduce=src != "pre" and r.random() < 0.6)
     if x.wild: raise _Retry()
-    node = LazyOp(op, (x.op,), self.R)
+    node = LazyOp(op, (x.op,), axes)
     self.tags[f"reduce {op.name}"] += 1
     if op is ReduceOps.MAX: return V(node, dt, x.lo, x.hi, x.exact, x.gran)
-    lo, hi = x.lo * self.K, x.hi * self.K
+    k = math.prod(self.S_max[a] for a in axes)
+    lo, hi = x.lo * k, x.hi * k
     lo, hi = min(lo, x.lo), max(hi, x.hi)
     if dt in FLOATS:
       if max(abs(lo), abs(hi)) > MAG[dt]: raise _Retry()
@@ -651,12 +680,17 @@ def _features(ast: LazyOp, vv: dict[str, int]) -> Counter:
   if ast.vars(): c["symbolic"] += 1
   if any(x.op is ReduceOps.SUM and x.src[0].op in (BinaryOps.MUL, UnaryOps.CAST) for x in ast.lazyops):
     c["sum of products"] += 1
+  reduces = [x for x in ast.lazyops if x.op in ReduceOps]
+  if len(reduces) > 1: c["several reduces"] += 1
+  if len({x.arg for x in reduces}) > 1: c["reduces over different axes"] += 1
+  if any(y.op in ReduceOps for x in reduces for y in x.lazyops[:-1]): c["nested reduce"] += 1
   for x in ast.lazyops:
     if x.op in ReduceOps: c[f"reduce {x.op.name}"] += 1
     if x.op not in BufferOps: continue
     views = x.arg.st.views
     if x.op is BufferOps.CONST:
       c["const"] += 1
+      if not isinstance(x.arg.val, (bool, int, float)): c["symbolic const"] += 1
       if views[-1].mask is not None: c["masked const"] += 1
       continue
     if x.op is BufferOps.STORE:

@@ -295,7 +295,7 @@ def test_to_program_signature_on_cpu(capsys):
   assert [(a.idx, a.dtype, a.min_size, a.writable) for a in p.args] == \
          [(0, dtypes.float, 1 << 20, True), (1, dtypes.float, 1 << 20, False), (2, dtypes.float, 1 << 20, False)]
   assert p.vars == () and p.uops == tuple(k.uops) and p.op_estimate > 0 and p.mem_estimate > 0
-  assert capsys.readouterr().out == ""  # DEBUG=0 prints nothing
+  assert capsys.readouterr() == ("", "")  # DEBUG=0 prints nothing
 
 @pytest.mark.parametrize("debug", [3, 4, 5])
 def test_debug_levels_print_as_the_spec(debug, capsys):
@@ -304,7 +304,9 @@ def test_debug_levels_print_as_the_spec(debug, capsys):
   with config_override(DEBUG=debug):
     k = protocol(ew_add(), "CPU")
     p = k.to_program()
-  out = capsys.readouterr().out
+  printed = capsys.readouterr()
+  assert printed.out == ""   # DEBUG output goes to stderr
+  out = printed.err
   assert k.name in out and "Opt(op=OptOps.UPCAST" in out and "STORE" in out
   assert (p.src in out) == (debug >= 4)
   assert ("UOp(DEFINE_GLOBAL" in out) == (debug >= 5)
@@ -316,11 +318,13 @@ def test_to_program_launch_sizes_from_specials():
   assert k.linearize() is k
 
 def test_to_program_vars_and_knobs(tmp_path):
-  from kernopt.helpers import diskcache_items
+  import json
+  from kernopt import replay
   with config_override(CACHE_DIR=str(tmp_path), RUN_PROCESS_REPLAY=1, GRAPHUOPS=1):
     p = protocol(sym_add(), "OPENCL").to_program()
-    replays = [v for _, v in diskcache_items("process_replay")]
+    replays = [json.loads(t) for t in replay.read(str(tmp_path / "process_replay")).values()]
   assert [v.expr for v in p.vars] == ["n"]
-  assert len(replays) == 1 and replays[0][3] == p.name and replays[0][4] == p.src and replays[0][1] == "OpenCLRenderer"
-  dots = list(tmp_path.glob("*.dot"))
+  assert len(replays) == 1 and replays[0]["name"] == p.name and "\n".join(replays[0]["src"]) == p.src
+  assert replays[0]["capabilities"]["dialect"] == "OpenCLRenderer"
+  dots = list(tmp_path.glob("graphs/*.dot"))
   assert len(dots) == 1 and dots[0].read_text().startswith("digraph")

@@ -131,3 +131,34 @@ def test_tc_never_from_hand_coded():
 def test_tc_refused_on_elementwise():
   k = Kernel(ew_add(), opts=get_renderer("METAL"))
   assert not k.apply_tensor_cores() and k.applied_opts == ()
+
+# ***** padded M / N / K on the PYTHON device emulating each vendor, against numpy *****
+
+PADDED = [(16, 40, 24), (24, 40, 16), (20, 24, 36), (8, 16, 16)]   # (rows, K, cols) of a half matmul
+
+@pytest.mark.parametrize("tc_opt", [0, 1, 2])
+@pytest.mark.parametrize("device", ["AMD", "CUDA", "METAL"])
+def test_padded_tensor_cores_match_numpy(device, tc_opt):
+  """Half matmuls whose rows (axis 0), columns (axis 1, which A is broadcast along) or K are no multiple of the
+  tensor core's dims: at TC_OPT 2 the tensor core pads them and applies (AMD's WMMA sees lanes 16-31 replicate A and
+  B, which the emulator checks), below it the kernel falls back; every result matches numpy (float32 products on
+  the tensor core, half products rounded before the float32 sum otherwise)."""
+  import numpy as np
+  from kernopt.runtime import Buffer, Device
+  dev = Device.open("PYTHON", emulate=device)
+  dims = {"AMD": (16, 16, 16), "CUDA": (8, 16, 16), "METAL": (8, 8, 8)}[device]   # tc.dims: (N cols, M rows, K)
+  rng = np.random.default_rng(7)
+  for rows, k_, cols in PADDED:
+    with config_override(TC_OPT=tc_opt):
+      k = Kernel(matmul(rows, cols, k_, dtypes.half), opts=dev.renderer).required_optimizations()
+      applied = k.apply_tensor_cores()
+    fits = cols % dims[0] == 0 and rows % dims[1] == 0 and k_ % dims[2] == 0
+    assert applied == (fits or tc_opt == 2), (rows, k_, cols)
+    a = rng.standard_normal((rows, k_)).astype(np.float16)
+    b = rng.standard_normal((k_, cols)).astype(np.float16)
+    out, bufs = Buffer(dev, rows * cols, dtypes.float), [Buffer(dev, x.size, dtypes.half).copyin(x) for x in (a, b)]
+    dev.compile(k.to_program())(out, *bufs, wait=True)
+    if applied: ref = a.astype(np.float32) @ b.astype(np.float32)
+    else: ref = (a[:, :, None] * b[None]).astype(np.float32).sum(1)   # numpy's half products round like the kernel's
+    np.testing.assert_allclose(out.numpy().reshape(rows, cols), ref, atol=1e-4, rtol=1e-4,
+                               err_msg=str((rows, k_, cols)))

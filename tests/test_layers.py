@@ -8,10 +8,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "kernopt"
 # (opt and the heuristics modules are kernopt's split of the table's kernel.py: the Opt data and the rules that
 # choose Opts sit below the Kernel that applies them; search_space and validation are split out of search.py;
 # ast, the table's "top level" AST builders, sits above runtime so that it stays core: stdlib-only, no numpy)
-ORDER = ["dtype", "helpers", "errors", "shape.symbolic", "shape.view", "shape.shapetracker", "ops", "uops",
-         "renderers", "uopgraph", "lowerer", "opt", "heuristics", "heuristics_cpu", "heuristics_opencl",
-         "heuristics_cuda", "kernel", "ast", "runtime", "search_space", "validation", "search", "program_cache",
-         "api"]
+ORDER = ["dtype", "helpers", "debug", "errors", "shape.symbolic", "shape.view", "shape.shapetracker", "ops", "uops",
+         "renderers", "capture", "uopgraph", "lowerer", "opt", "heuristics", "heuristics_cpu", "heuristics_opencl",
+         "heuristics_cuda", "kernel", "refusals", "ast", "replay", "runtime", "search_space", "validation", "search",
+         "program_cache", "api", "cli"]
 CORE = set(ORDER[:ORDER.index("runtime")])
 STDLIB = set(sys.stdlib_module_names)
 

@@ -139,3 +139,14 @@ def test_image_load_has_its_base_dtype():
   _bad(kernel(store(buf(2, shp, dtypes.half), dtype=dtypes.imagef((4, 8, 4)))),
        r"STORE to buffer 0 of dtypes.imagef\(\(4, 8, 4\)\) from BufferOps.LOAD of dtypes.float16: CAST the value to "
        r"dtypes.float32")
+
+@pytest.mark.parametrize("op", [BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR, BinaryOps.SHL, BinaryOps.SHR])
+def test_bitwise_ops_take_ints_and_shifts_no_bools(op):
+  """Found by tests/test_fuzz_front.py: XOR of two float CONSTs was accepted and crashed constant folding."""
+  _bad(kernel(store(alu(op, const(0.0, (4,)), const(0.0, (4,))))), rf"{op} needs int")
+  if op in (BinaryOps.SHL, BinaryOps.SHR):
+    _bad(kernel(store(alu(op, const(True, (4,), B), const(True, (4,), B)), dtype=B)), rf"{op} needs int operands")
+  a, b = np.array([5, -3, 12, 7], np.int32), np.array([3, 1, 2, 0], np.int32)
+  want = {BinaryOps.XOR: a ^ b, BinaryOps.AND: a & b, BinaryOps.OR: a | b, BinaryOps.SHL: a << b, BinaryOps.SHR: a >> b}
+  ok = kernel(store(alu(op, buf(1, (4,), I), buf(2, (4,), I)), dtype=I))
+  for d in DEVICES: np.testing.assert_array_equal(_run(ok, d, (4, np.int32), a, b), want[op])

@@ -58,13 +58,21 @@ class Renderer:
 
 @dataclass(frozen=True)
 class BufferArg:
-  """One MemBuffer index of a Program's AST: the kernel reads or writes elements [0, min_size) of it. An unused one
-  (its loads folded away) is still passed to the runner, checked for dtype only, but is no parameter of the source."""
+  """One MemBuffer index of a Program's AST. The kernel addresses elements [lo, hi) of it, expressions of the
+  Program's Variables that the runner checks against the buffer at each launch (an empty range when hi <= lo; hi
+  defaults to min_size); min_size is an int, at least hi for every value of the Variables, so a buffer that large
+  fits every launch. An unused one (its loads folded away) is still passed to the runner, checked for dtype only, but
+  is no parameter of the source."""
   idx: int
   dtype: DType
   min_size: Any
   writable: bool
   used: bool = True
+  lo: Any = 0
+  hi: Any = None
+
+  def __post_init__(self) -> None:
+    if self.hi is None: object.__setattr__(self, "hi", self.min_size)
 
 def var_dtype(v: Any) -> DType:
   """The parameter type of Variable v: int32 when its whole range fits, else int64."""

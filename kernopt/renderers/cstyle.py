@@ -358,6 +358,8 @@ VAR_PREFIX = "v_"
 def var_name(expr: str) -> str: return VAR_PREFIX + expr
 
 _INLINABLE = frozenset((UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.GEP, UOps.VECTORIZE))
+# inlined expressions nest at most this deep (each level adds up to ~3 brackets; clang allows 256 by default)
+MAX_INLINE_DEPTH = 64
 # enum members as module constants for the emitter's dispatch: an attribute of an Enum class costs ~0.15 us on 3.11
 _ALU, _BARRIER, _BITCAST, _CAST, _CONST, _DEFINE_ACC = \
   UOps.ALU, UOps.BARRIER, UOps.BITCAST, UOps.CAST, UOps.CONST, UOps.DEFINE_ACC
@@ -391,6 +393,7 @@ class Emitter:
     self.dtype_names: dict[DType, str] = {}
     self.dtype_ids: dict[int, tuple[DType, str]] = {}
     self.consts = _const_memo(lang)
+    self.nest: dict[UOp, int] = {}   # how many inlined expressions each inlined value's spelling nests
 
   def fresh(self, prefix: str) -> str:
     n = self.counts.get(prefix, 0)
@@ -401,13 +404,19 @@ class Emitter:
 
   def value(self, u: UOp, expr: str, uses: int) -> None:
     """Bind u to expr: inline a single-use expression unless it reads an accumulator (which a PHI may change
-    before the use)."""
+    before the use) or would nest more than MAX_INLINE_DEPTH inlined expressions (then it is named: a chain of
+    10,000 single-use ops becomes statements of bounded nesting, within clang's bracket limit, instead of one
+    expression rebuilt as an ever longer string)."""
     if uses <= 1 and u.op in _INLINABLE:
+      nest, d = self.nest, 0
       for s in u.src:
         if s.op is _DEFINE_ACC: break
+        if (ds := nest.get(s, 0)) > d: d = ds
       else:
-        self.r[u] = expr
-        return
+        if d < MAX_INLINE_DEPTH:
+          self.r[u] = expr
+          nest[u] = d + 1
+          return
     name = self.fresh(self._prefixes[u.op])
     self.line(f"{self.value_dtype(dtype_of(u))} {name} = {expr};")
     self.r[u] = name

@@ -350,12 +350,21 @@ def _stream_helper(name: str, vt: str, n: int) -> str:
               "#endif"]
   return "\n".join(lines + ["  memcpy(p, &v, sizeof(v));", "}"])
 
+# x86 fused multiply-add of n floats: (builtin, its extra arguments, ISA macro); the builtins need no header
+_VFMADD = {4: ("__builtin_ia32_vfmaddps", "", "__FMA__"), 8: ("__builtin_ia32_vfmaddps256", "", "__FMA__"),
+           16: ("__builtin_ia32_vfmaddps512_mask", ", (uint16_t)-1, 4", "__AVX512F__")}
+
 @functools.lru_cache(None)
 def _fma_helper(name: str, vt: str, n: int) -> str:
-  """Lane-wise fmaf: gcc 12 and clang 14 at -O2 turn the loop into one vector FMA (vfmadd...ps); the intrinsics'
-  headers would add ~0.4 s to every compile."""
-  return (f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{ {vt} r; "
-          f"for (int l = 0; l < {n}; l++) r[l] = fmaf(a[l], b[l], c[l]); return r; }}")
+  """Lane-wise fmaf: one vfmadd...ps through the compiler's builtin where the ISA has it (the intrinsics' headers
+  would add ~0.4 s to every compile), else a loop over the lanes. The builtin keeps the FMA when the loop vectorizer
+  is off (the gcc 12 workaround of runtime/cpu.py's miscompile table)."""
+  loop = f"{vt} r; for (int l = 0; l < {n}; l++) r[l] = fmaf(a[l], b[l], c[l]); return r;"
+  if n not in _VFMADD: return f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{ {loop} }}"
+  fn, extra, isa = _VFMADD[n]
+  return "\n".join([f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{",
+                    f"#if defined(__x86_64__) && defined({isa})", f"  return {fn}(a, b, c{extra});",
+                    "#else", f"  {loop}", "#endif", "}"])
 
 # a thread pool per shared object: workers sleep on a condition variable between launches; a launch publishes a job
 # under a new generation, runs chunks itself and waits only for chunks other workers have claimed, never for a

@@ -125,11 +125,15 @@ class _Packer:
         stores.append(u)
     self.groups: list[_Group] = []
     self.of: dict[UOp, tuple[int, int]] = {}
+    self.fresh: list[UOp] = []    # members packed since the last step
+    self.keys: Optional[dict[UOp, tuple[Any, int]]] = None         # step's key and lane of each candidate op
+    self.cands: dict[Any, dict[int, list[UOp]]] = {}                 # key -> lane -> candidate ops
 
   def add(self, kind: str, members: tuple[UOp, ...], parts: tuple = (), deps: Optional[set[int]] = None) -> int:
     gid = len(self.groups)
     self.groups.append(_Group(kind, members, parts, deps or set()))
     for lane, m in enumerate(members): self.of[m] = (gid, lane)
+    self.fresh.extend(members)
     return gid
 
   # ***** finding groups *****
@@ -180,25 +184,58 @@ class _Packer:
     base, off = _base_offset(u.src[1])
     return ("store", u.src[0], base, off - lane, self.scope[u], gid), lane
 
-  def step(self) -> bool:
-    """One pass over the list: group every op whose operands are packed; True if a group was added."""
-    cands: dict[Any, dict[int, list[UOp]]] = {}
+  def found(self, u: UOp) -> Optional[tuple[Any, int]]:
+    """(key, lane) of an unpacked op with a packed operand: W ops of one key, one per lane, pack together."""
     of = self.of
-    self.todo = [u for u in self.todo if u not in of]
-    for u in self.todo:
-      for s in u.src:
-        if s in of: break
-      else: continue
-      found: Optional[tuple[Any, int]] = None
-      if u.op is _ALU: found = self.alu_key(u)
-      elif u.op is _PHI and u.src[0] in self.of and u.src[1] in self.of:
-        (ga, la), (gv, lv) = self.of[u.src[0]], self.of[u.src[1]]
-        if la == lv: found = ("phi", ga, gv), la
-      elif u.op is _STORE: found = self.store_key(u)
-      if found is not None: cands.setdefault(found[0], {}).setdefault(found[1], []).append(u)
+    for s in u.src:
+      if s in of: break
+    else: return None
+    if u.op is _ALU: return self.alu_key(u)
+    if u.op is _PHI and u.src[0] in of and u.src[1] in of:
+      (ga, la), (gv, lv) = of[u.src[0]], of[u.src[1]]
+      return (("phi", ga, gv), la) if la == lv else None
+    if u.op is _STORE: return self.store_key(u)
+    return None
+
+  def step(self) -> bool:
+    """Group every op whose operands are packed (W ops of one key, one per lane); True if a group was added. The
+    keys are kept between steps: only the users of lanes packed since the last step change key, and only the keys
+    they leave or join are tried, in the order of their first op in the list (the order a full pass meets them), so
+    a chain of n ops costs n steps of a few ops each rather than n passes over the list."""
+    of, keys, cands, pos = self.of, self.keys, self.cands, self.pos
+    touched: dict[Any, None] = {}
+    if keys is None:
+      keys = self.keys = {}
+      self.todo_set = set(self.todo)
+      dirty = [u for u in self.todo if u not in of]
+    else:
+      users, todo = self.users, self.todo_set
+      dirty = [x for m in self.fresh for x in users.get(m, ()) if x in todo and x not in of]
+      for m in self.fresh:
+        if (old := keys.pop(m, None)) is not None:
+          cands[old[0]][old[1]].remove(m)
+          touched[old[0]] = None
+    self.fresh = []
+    for u in dirty:
+      new = self.found(u)
+      if (old := keys.get(u)) == new: continue
+      if old is not None:
+        cands[old[0]][old[1]].remove(u)
+        touched[old[0]] = None
+      if new is None: del keys[u]
+      else:
+        keys[u] = new
+        cands.setdefault(new[0], {}).setdefault(new[1], []).append(u)
+        touched[new[0]] = None
+    ready = []
+    for key in touched:
+      lanes = cands[key]
+      if sum(1 for v in lanes.values() if v) != self.width or any(len(v) > 1 for v in lanes.values()): continue
+      ready.append((min(pos[v[0]] for v in lanes.values() if v), key))
     added = False
-    for key, lanes in cands.items():
-      if len(lanes) != self.width or any(len(v) != 1 for v in lanes.values()): continue
+    for _, key in sorted(ready, key=lambda r: r[0]):
+      lanes = cands[key]
+      if any(not lanes.get(ln) for ln in range(self.width)): continue
       members = tuple(lanes[ln][0] for ln in range(self.width))
       if any(m in self.of for m in members): continue
       if key[0] == "alu": added |= self.add_alu(key[3], members)

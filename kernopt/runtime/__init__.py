@@ -4,7 +4,7 @@ from __future__ import annotations
 import hashlib, importlib, inspect, operator, time
 from typing import Any, Mapping, Optional
 import numpy as np
-from kernopt import __version__
+from kernopt import __version__, debug
 from kernopt.dtype import DType, ImageDType, dtypes, storage_dtype_error
 from kernopt.errors import KernoptError, LaunchError, UnsupportedError
 from kernopt.helpers import getconfig
@@ -58,8 +58,16 @@ class Compiled:
     cache binaries on disk."""
     key = (program.src, program.name, program.device, program.global_size, program.local_size, program.args,
            tuple((v.expr, v.min, v.max) for v in program.vars), getattr(program, "var_args", ()))
+    compile_s: Optional[float] = None
     if (runner := self._runners.get(key)) is None:
+      st = time.perf_counter()
       runner = self._runners[key] = CompiledRunner(self, program, self._compile(program))
+      compile_s = time.perf_counter() - st
+    if debug.on(1):
+      events = debug.cache_events()
+      if compile_s is None: events["binary"] = "memory"   # this process's runner for this very Program
+      debug.kernel_built(program.name, self.name, program.extra.get("opts"), program.extra.get("codegen_s"),
+                         compile_s, events)
     return runner
 
   def cache_key(self, src: str) -> str:
@@ -69,6 +77,9 @@ class CompiledRunner:
   """A compiled Program bound to its device. Calling it checks every argument before anything runs."""
   def __init__(self, device: Compiled, program: Program, lib: Any):
     self.device, self.program, self.lib = device, program, lib
+    # each used buffer's address range as ints, or as cheap functions of the launch's values
+    self._bounds = {a.idx: (_bound_fn(a.lo, program.vars), _bound_fn(a.hi, program.vars)) for a in program.args
+                    if a.used and not (type(a.lo) is int and type(a.hi) is int and a.hi <= a.lo)}
 
   def __call__(self, *buffers: Buffer, var_vals: Optional[dict[Any, int]] = None,
                wait: bool = False) -> Optional[float]:
@@ -82,13 +93,26 @@ class CompiledRunner:
     gsz, lsz = self.program.launch_dims(vals)
     # by index: the source's buffer parameters are the used args only, in index order
     handles = [b._handle for a, b in zip(self.program.args, buffers) if a.used]
-    return self.device._launch(self.lib, self.program, handles, [vals[v] for v in self.program.vars], gsz, lsz, wait)
+    if not debug.on(2):
+      return self.device._launch(self.lib, self.program, handles, [vals[v] for v in self.program.vars], gsz, lsz, wait)
+    # DEBUG>=2 waits for every launch, to time it
+    t = self.device._launch(self.lib, self.program, handles, [vals[v] for v in self.program.vars], gsz, lsz, True)
+    self._report(t or 0.0, vals, gsz, lsz)
+    return t if wait else None
+
+  def _report(self, seconds: float, vals: dict[Any, int], gsz: Any, lsz: Any) -> None:
+    from kernopt.shape.symbolic import sym_infer
+    prg = self.program
+    flops, nbytes = (sym_infer(x, vals) if not isinstance(x, (int, float)) else x
+                     for x in (prg.op_estimate, prg.mem_estimate))
+    debug.launched(prg.name, self.device.name, gsz, lsz, seconds, float(flops), float(nbytes))
 
   def _check(self, buffers: tuple[Buffer, ...], var_vals: dict[Any, int]) -> dict[Any, int]:
-    """The program's Variables -> their values, after checking every buffer (device, dtype, size where used), that
+    """The program's Variables -> their values, after checking every buffer (device, dtype, and where used that the
+    address range [lo, hi) at these values lies inside it: none below 0, none past its size), that
     no written buffer is passed for two indices, and every value (an int in the Variable's range); var_vals keys are
     Variables or names, and the ones the program doesn't take are ignored."""
-    from kernopt.shape.symbolic import Variable, sym_infer
+    from kernopt.shape.symbolic import Variable
     prg = self.program
     if len(buffers) != len(prg.args):
       raise LaunchError(f"{prg.name} takes {len(prg.args)} buffers (indices {[a.idx for a in prg.args]}), "
@@ -118,15 +142,43 @@ class CompiledRunner:
       if buf.dtype != arg.dtype:
         raise LaunchError(f"{prg.name}: buffer {arg.idx} has dtype {buf.dtype}, the kernel expects {arg.dtype}")
       if not arg.used: continue   # never read: no size to check, and no alias that matters
-      need = sym_infer(arg.min_size, vals)
-      if buf.size < need:
-        raise LaunchError(f"{prg.name}: buffer {arg.idx} holds {buf.size} elements, the kernel addresses {need}")
+      if (bd := self._bounds.get(arg.idx)) is not None:
+        lo, hi = bd
+        if type(lo) is not int: lo = lo(vals)
+        if type(hi) is not int: hi = hi(vals)
+        if hi > lo and (lo < 0 or buf.size < hi): self._out_of_bounds(arg.idx, buf, lo, hi, vals)
       # every pointer parameter is restrict: a written buffer may not be another parameter too
       if (other := seen.get(id(buf))) is not None and (arg.writable or other.writable):
         raise LaunchError(f"{prg.name}: the same Buffer is passed as buffers {other.idx} and {arg.idx}, and "
                           f"{other.idx if other.writable else arg.idx} is written (in-place kernels are not supported)")
       seen[id(buf)] = arg
     return vals
+
+  def _out_of_bounds(self, idx: int, buf: Buffer, lo: int, hi: int, vals: dict[Any, int]) -> None:
+    at = f" at {', '.join(f'{v.expr}={n}' for v, n in vals.items())}" if vals else ""
+    where = f"elements [{lo}, {hi}){at}"
+    if lo < 0:
+      raise LaunchError(f"{self.program.name}: buffer {idx}: the kernel addresses element {lo}, before the buffer's "
+                        f"start ({where})")
+    raise LaunchError(f"{self.program.name}: buffer {idx} holds {buf.size} elements, the kernel addresses {hi} "
+                      f"({where})")
+
+def _bound_fn(x: Any, variables: tuple[Any, ...]) -> Any:
+  """x itself when an int, else x as a function of var_vals: affine sums of the Program's Variables as one sum of
+  products, anything else through the symbolic evaluator."""
+  from kernopt.shape.symbolic import MulNode, NumNode, SumNode, Variable
+  if type(x) is int: return x
+  if type(x) is NumNode: return x.b
+  const, lin, known = 0, [], set(variables)
+  for t in x.nodes if type(x) is SumNode else (x,):
+    if type(t) is NumNode: const += t.b
+    elif type(t) is Variable and t in known: lin.append((t, 1))
+    elif type(t) is MulNode and type(t.a) is Variable and type(t.b) is int and t.a in known: lin.append((t.a, t.b))
+    else: return x._eval
+  if len(lin) == 1:
+    (v, k), = lin
+    return operator.itemgetter(v) if const == 0 and k == 1 else lambda vals: const + k * vals[v]
+  return lambda vals: const + sum(k * vals[v] for v, k in lin)
 
 class Buffer:
   """`size` elements of `dtype` on a device (a name, or an opened device). `copyin(array)` and `numpy()` move data

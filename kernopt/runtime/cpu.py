@@ -15,6 +15,7 @@ import signal
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Any, Optional
 import numpy as np
 from kernopt import __version__
@@ -24,7 +25,7 @@ from kernopt.helpers import (cache_subdir, count, cache_tmp, diskcache_get, disk
                              remove_stale_tmp, verified_binary)
 from kernopt.renderers import Program, Renderer
 from kernopt.renderers.cstyle import CRenderer
-from kernopt.renderers.native import NativeCRenderer, isa_facts
+from kernopt.renderers.native import ISA_LEVELS, NativeCRenderer, isa_facts
 from kernopt.runtime import Compiled
 
 BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno")
@@ -35,6 +36,56 @@ NATIVE_FLAGS = ("-pthread", "-funroll-loops")
 _CTYPES = {dtypes.int32: ctypes.c_int32, dtypes.int64: ctypes.c_int64}
 # every compiler process this module started, by purpose (tests read it to prove a cache hit)
 compiler_calls: dict[str, int] = {"compile": 0, "probe": 0}
+
+@dataclass(frozen=True)
+class Miscompile:
+  """A compiler release range [first, last] (name as compiler_identity() gives it) known to miscompile kernopt's C,
+  and the narrowest flags found to avoid it; `case` names its regression test in tests/test_miscompiles.py."""
+  compiler: str
+  first: tuple[int, int, int]
+  last: tuple[int, int, int]
+  flags: tuple[str, ...]
+  case: str
+
+# docs/cpu.md "Known miscompiles". Both gcc 12.2 cases are gcc bugs (no UB: clean under -fsanitize=undefined,address,
+# unchanged by -fwrapv and -fno-strict-aliasing) in the loop vectorizer; the series is covered since the releases
+# with the fixes were not verified here
+MISCOMPILES = (
+  Miscompile("gcc", (12, 0, 0), (12, 99, 99), ("-fno-tree-loop-vectorize",),
+             "SLP reduction of int accumulators through (uint32_t) casts: sum of 16 ints, UNROLL 2 (GCC PR 107212)"),
+  Miscompile("gcc", (12, 0, 0), (12, 99, 99), ("-fno-tree-loop-vectorize",),
+             "AVX-512VL masked loop vectorization of padded loads: pad(5x6) + 1, UPCAST/PADTO, -march=x86-64-v4"),
+)
+
+def workaround_flags(identity: tuple[str, tuple[int, int, int]]) -> tuple[str, ...]:
+  """The flags MISCOMPILES prescribes for a compiler identity (name, version), each once, in table order."""
+  name, version = identity
+  out: list[str] = []
+  for m in MISCOMPILES:
+    if m.compiler == name and m.first <= version <= m.last: out += [f for f in m.flags if f not in out]
+  return tuple(out)
+
+# what extra_flags may not hold: flags that change what the build writes or reads (output, language, stopping before
+# the link, dependency files, response output) or that load code or tools from a path
+_REFUSED_EXACT = ("-E", "-S", "-c", "-v", "-###", "-pipe", "--version", "-no-integrated-cpp")
+_REFUSED_PREFIXES = ("-o", "-x", "-M", "-B", "-fplugin", "-wrapper", "-specs", "--specs", "--help", "-save-temps",
+                     "-fdump-", "-aux-info")
+
+def check_extra_flags(flags: Any) -> tuple[str, ...]:
+  """extra_flags as a tuple: a list or tuple of str, each one compiler flag ('-' then at least one printable
+  character, no whitespace, NUL or newline), neither in _REFUSED_EXACT nor starting with one of _REFUSED_PREFIXES;
+  else UnsupportedError naming extra_flags. They reach the compiler as argv entries, never through a shell."""
+  if not isinstance(flags, (list, tuple)):
+    raise UnsupportedError(f"extra_flags must be a list or tuple of str flags, got {type(flags).__name__} {flags!r}")
+  for f in flags:
+    if type(f) is not str: raise UnsupportedError(f"extra_flags entries must be str, got {type(f).__name__} {f!r}")
+    if len(f) < 2 or f[0] != "-" or any(c.isspace() or not c.isprintable() for c in f):
+      raise UnsupportedError(f"extra_flags entry {f!r} is not one compiler flag ('-' then printable characters, no "
+                             f"whitespace, NUL or newline)")
+    if f in _REFUSED_EXACT or f.startswith(_REFUSED_PREFIXES):
+      raise UnsupportedError(f"extra_flags entry {f!r} is refused: it changes what the build reads, writes or runs "
+                             f"(refused: {' '.join(_REFUSED_EXACT)}, and flags starting {' '.join(_REFUSED_PREFIXES)})")
+  return tuple(flags)
 
 def find_compiler() -> Optional[str]:
   """clang if on PATH, else gcc, else cc."""
@@ -107,6 +158,27 @@ def march_flags(cc: str, march: str) -> tuple[str, ...]:
   return (f"-march={march}",)
 
 @functools.lru_cache(None)
+def compiler_identity(cc: str) -> tuple[str, tuple[int, int, int]]:
+  """("gcc" | "clang" | "unknown", (major, minor, patch)) of compiler cc from its predefined macros (the version line's
+  first word is whatever the binary is called), cached on disk like toolchain."""
+  st = os.stat(cc)
+  key = ("cpu_identity", cc, st.st_size, st.st_mtime_ns, __version__)
+  hit = diskcache_get("cpu_toolchain", key)
+  if isinstance(hit, (list, tuple)) and len(hit) == 2 and isinstance(hit[0], str) and \
+     isinstance(hit[1], (list, tuple)) and len(hit[1]) == 3 and all(type(v) is int for v in hit[1]):
+    return hit[0], (hit[1][0], hit[1][1], hit[1][2])
+  out = _run([cc, "-dM", "-E", "-x", "c", os.devnull], "probe").stdout
+  macros = dict(ln.split()[1:3] for ln in out.splitlines() if ln.startswith("#define ") and len(ln.split()) >= 3)
+  def version(*names: str) -> tuple[int, int, int]:
+    try: return tuple(int(macros.get(n, "0")) for n in names)  # type: ignore[return-value]
+    except ValueError: return (0, 0, 0)
+  if "__clang__" in macros: ret = ("clang", version("__clang_major__", "__clang_minor__", "__clang_patchlevel__"))
+  elif "__GNUC__" in macros: ret = ("gcc", version("__GNUC__", "__GNUC_MINOR__", "__GNUC_PATCHLEVEL__"))
+  else: ret = ("unknown", (0, 0, 0))
+  diskcache_put("cpu_toolchain", key, [ret[0], list(ret[1])])
+  return ret
+
+@functools.lru_cache(None)
 def openmp_flags(cc: str) -> tuple[str, ...]:
   """("-fopenmp",) if cc builds and links an OpenMP shared object, else () (cached on disk like toolchain)."""
   st = os.stat(cc)
@@ -125,15 +197,21 @@ class CPUDevice(Compiled):
   `fused_accumulate` (default: the host has FMA)) or
   "static" (the spec's CRenderer). `march` (default: the CPU_MARCH knob, else "native") sets the compiler's -march and
   the native profile's ISA facts (vector width, FMA) together.
-  `extra_flags` are appended to the compiler command."""
+  `extra_flags` (check_extra_flags) are appended to the compiler command; `workarounds` (default True) adds the flags
+  MISCOMPILES prescribes for this compiler (off only to measure what they cost)."""
   name = "CPU"
 
   def __init__(self, extra_flags: tuple[str, ...] = (), profile: str = "native", threads: Optional[int] = None,
                parallel: Optional[str] = None, vector_width: Optional[int] = None,
                min_parallel_work: Optional[int] = None, fused_accumulate: Optional[bool] = None,
-               march: Optional[str] = None):
+               march: Optional[str] = None, workarounds: bool = True):
     if profile not in ("native", "static"): raise UnsupportedError(f"CPU profile must be native or static: {profile!r}")
-    self.extra_flags = tuple(extra_flags)
+    if march is not None and (type(march) is not str or march not in ("native", *ISA_LEVELS)):
+      raise UnsupportedError(f"march must be None or one of {['native', *ISA_LEVELS]}, got {type(march).__name__} "
+                             f"{march!r}")
+    if type(workarounds) is not bool: raise UnsupportedError(f"workarounds must be a bool, got {workarounds!r}")
+    self.extra_flags = check_extra_flags(extra_flags)
+    self.workarounds = workarounds
     self.profile, self._threads, self._parallel, self._vector_width = profile, threads, parallel, vector_width
     self._min_work = min_parallel_work
     self._fused = fused_accumulate
@@ -163,7 +241,8 @@ class CPUDevice(Compiled):
   def flags(self) -> tuple[str, ...]:
     native = NATIVE_FLAGS + (openmp_flags(self.cc) if self.renderer.parallel == "openmp" else ()) \
       if self.profile == "native" else ()
-    return BASE_FLAGS + march_flags(self.cc, self.isa.march) + native + self.extra_flags
+    fixes = workaround_flags(compiler_identity(self.cc)) if self.workarounds else ()
+    return BASE_FLAGS + march_flags(self.cc, self.isa.march) + native + fixes + self.extra_flags
 
   def compiler_id(self) -> str:
     version, _, isa = toolchain(self.cc)

@@ -154,6 +154,33 @@ class ShapeTracker:
     return min(hi, idx.max) + 1
 
   @cache
+  def address_bounds(self) -> tuple[sint, sint]:
+    """(lo, hi) as expressions of the Variables: every buffer position a valid element addresses lies in [lo, hi);
+    (0, 0) when none is valid. Exact for one View whose sizes (and mask box) are not empty and whose mask bounds are
+    provably inside its shape; otherwise a superset: a mask bound that may pass the shape counts as the whole axis,
+    and with several Views it is the box of views[0] (tightened by the index's bounds when that box is all ints)."""
+    if any(type(s) is int and s == 0 for s in self.shape): return 0, 0
+    st = self.simplify()
+    v = st.views[0]
+    if v.all_masked(): return 0, 0
+    if len(st.views) > 1 and st.expr_idxs()[1].max == 0: return 0, 0
+    lo: sint = v.offset
+    hi: sint = v.offset + 1
+    for i, (sh, s) in enumerate(zip(v.shape, v.strides)):
+      b, e = v.mask[i] if v.mask is not None else (0, sh)
+      # positions [max(b, 0), min(e, sh)); where the order is not provable, the whole axis (a superset)
+      b, e = (b if _le(0, b) else 0), (e if _le(e, sh) else sh)
+      first, last = _canon(s * b), _canon(s * (e - 1))
+      if _lower(s) >= 0: lo, hi = lo + first, hi + last
+      elif _upper(s) <= 0: lo, hi = lo + last, hi + first
+      else: lo, hi = lo + min(_lower(first), _lower(last)), hi + max(_upper(first), _upper(last))
+    lo, hi = _canon(lo), _canon(hi)
+    if len(st.views) > 1 and type(lo) is int and type(hi) is int:
+      idx = st.expr_idxs()[0]
+      lo, hi = max(lo, _lower(idx)), min(hi, _upper(idx) + 1)
+    return lo, hi
+
+  @cache
   def real_strides(self, ignore_valid: bool = False) -> tuple[Optional[sint], ...]:
     """Per axis: the stride s when the buffer index is (other terms) + s*idx_axis, 0 when the axis does not move it,
     None when it moves it in any other way, or (unless ignore_valid) when it takes part in the validity."""
@@ -199,5 +226,20 @@ class ShapeTracker:
     valid_vars = st.expr_idxs()[1].vars()
     return tuple(v in valid_vars for v in _idx_vars(self.shape))
 
+def bounds_union(bounds: Sequence[tuple[sint, sint]]) -> tuple[sint, sint]:
+  """One (lo, hi) holding every non-empty range of bounds: an expression where the order is provable, else the
+  lowest lo (highest hi) over every value of the Variables; (0, 0) when every range is empty."""
+  rs = [(lo, hi) for lo, hi in bounds if not (type(lo) is int and type(hi) is int and hi <= lo)]
+  if not rs: return 0, 0
+  lo, hi = rs[0]
+  for l2, h2 in rs[1:]:
+    lo = lo if _le(lo, l2) else l2 if _le(l2, lo) else min(_lower(lo), _lower(l2))
+    hi = hi if _le(h2, hi) else h2 if _le(hi, h2) else max(_upper(hi), _upper(h2))
+  return lo, hi
+
+def _le(a: sint, b: sint) -> bool: return _lower(b - a) >= 0
+
 def _is0(x: Any) -> bool: return type(x) is int and x == 0
 def _upper(x: Any) -> int: return x if type(x) is int else x.max
+def _lower(x: Any) -> int: return x if type(x) is int else x.min
+def _canon(x: sint) -> sint: return x.b if type(x) is NumNode else x

@@ -238,13 +238,17 @@ def _reshape_int_mask(shape: tuple[int, ...], mask: tuple[tuple[int, int], ...],
 
 @dataclass(frozen=True)
 class View:
-  """shape, strides, offset, mask (None: all valid) and contiguous (offset 0, C strides, no mask).
-  Build only with View.create, which canonicalises so that equal index maps compare equal as often as possible."""
+  """shape, strides, offset, mask (None: all valid) and contiguous (offset 0, C strides, no mask; or no elements).
+  Build only with View.create, which canonicalises so that equal index maps compare equal as often as possible.
+  `contiguous` is derived from the other fields: a value passed to the constructor is ignored."""
   shape: tuple[sint, ...]
   strides: tuple[sint, ...]
   offset: sint
   mask: Optional[Mask]
-  contiguous: bool
+  contiguous: bool = False
+
+  def __post_init__(self) -> None:
+    object.__setattr__(self, "contiguous", _is_contiguous(self.shape, self.strides, self.offset, self.mask))
 
   @staticmethod
   def create(shape: Sequence[sint], strides: Optional[Sequence[sint]] = None, offset: sint = 0,
@@ -286,7 +290,7 @@ class View:
     sub: dict[Variable, Any] = {v: v for v in vals}
     f = lambda x: x.substitute(sub) if isinstance(x, Node) else x
     mask = tuple((f(b), f(e)) for b, e in self.mask) if self.mask is not None else None
-    return View(tuple(map(f, self.shape)), tuple(map(f, self.strides)), f(self.offset), mask, self.contiguous), vals
+    return View(tuple(map(f, self.shape)), tuple(map(f, self.strides)), f(self.offset), mask), vals
 
   def all_masked(self) -> bool:
     """Every position is invalid (the canonical empty mask)."""
@@ -387,8 +391,11 @@ class View:
 
   @cache
   def _shrink(self, arg: tuple[tuple[sint, sint], ...]) -> View:
-    if not all(_le(b, e) and _le(e, s) for s, (b, e) in zip(self.shape, arg)):
+    # refused only when provably out of range: a symbolic end that may pass the size is checked at launch
+    if any(_lt(e, b) or _lt(s, e) for s, (b, e) in zip(self.shape, arg)):
       raise ShapeError(f"shrink: {arg} is outside shape {self.shape} or has begin > end")
+    if not all(_le(b, e) for b, e in arg):
+      raise ShapeError(f"shrink: {arg} on shape {self.shape}: a size end - begin is not provably >= 0")
     return self._resize(arg)
 
   def _resize(self, arg: tuple[tuple[sint, sint], ...], mask: Optional[Mask] = None) -> View:
@@ -453,7 +460,7 @@ def _create(shape: tuple[sint, ...], strides: Optional[tuple[sint, ...]], offset
   shape = tuple(_dim(s, "View.create", shape) for s in shape)
   if strides is not None and len(strides) != len(shape) or mask is not None and len(mask) != len(shape):
     raise ShapeError(f"View.create: shape {shape} needs one stride and one mask pair per axis ({strides}, {mask})")
-  if 0 in shape: return View(shape, (0,) * len(shape), 0, None, True)
+  if 0 in shape: return View(shape, (0,) * len(shape), 0, None)
   cstrides = strides_for_shape(shape)
   strides = cstrides if strides is None else tuple(0 if _same(s, 1) else _canon(st) for s, st in zip(shape, strides))
   offset = _canon(offset)
@@ -465,11 +472,17 @@ def _create(shape: tuple[sint, ...], strides: Optional[tuple[sint, ...]], offset
       pinned = [_same(_canon(e - b), 1) for b, e in mask]
       offset = _canon(offset + sum(st * b for st, (b, _), p in zip(strides, mask, pinned) if p))
       strides = tuple(0 if p else st for st, p in zip(strides, pinned))
-  return View(shape, strides, offset, mask, offset == 0 and mask is None and strides == cstrides)
+  return View(shape, strides, offset, mask)
 
 def _empty(shape: tuple[sint, ...]) -> View:
   """The canonical view whose every position is invalid (shape must have at least one axis)."""
-  return View(shape, (0,) * len(shape), 0, ((0, 0),) * len(shape), False)
+  return View(shape, (0,) * len(shape), 0, ((0, 0),) * len(shape))
+
+def _is_contiguous(shape: tuple[sint, ...], strides: tuple[sint, ...], offset: sint, mask: Optional[Mask]) -> bool:
+  """No elements, or offset 0, no mask and C strides (the stride of a size-1 axis is never read)."""
+  if 0 in shape: return True
+  if mask is not None or not _same(_canon(offset), 0) or len(strides) != len(shape): return False
+  return all(_same(s, 1) or _same(_canon(st), cst) for s, st, cst in zip(shape, strides, strides_for_shape(shape)))
 
 def _check_same_size(shape: tuple[sint, ...], new_shape: tuple[sint, ...]) -> None:
   a, b = _canon(prod(shape)), _canon(prod(new_shape))
@@ -492,6 +505,8 @@ def merge_views(vm2: View, vm1: View) -> Optional[View]:
   if vm1.contiguous and vm1.shape == vm2.shape: return vm2
   if vm1.contiguous and _same(vm1.size(), vm2.size()) and (ret := vm2._reshape(vm1.shape)) is not None: return ret
   if vm1.all_masked() or vm2.all_masked(): return _empty(vm1.shape) if vm1.shape else None
+  if not all(_is_int(x) for x in vm2.shape + vm1.shape) and (batched := _merge_batch(vm2, vm1)) is not None:
+    return batched
   if vm1.mask is not None:
     if not all(_is_int(x) for m in vm1.mask for x in m): return None
     merged = merge_views(vm2, vm1._resize(vm1.mask))
@@ -499,6 +514,32 @@ def merge_views(vm2: View, vm1: View) -> Optional[View]:
   if not all(_is_int(x) for x in vm2.shape + vm2.strides + vm1.shape + vm1.strides + (vm1.offset, vm2.offset)):
     return None
   return _merge_ints(vm2, vm1)
+
+def _merge_batch(vm2: View, vm1: View) -> Optional[View]:
+  """merge_views when both views lead with the same (often symbolic) axis, unmasked in both, that vm1 walks in steps
+  of vm2's inner size: vm1's flat index n*inner + r (0 <= r < inner, which the merge of the rest proves) reaches vm2
+  at position n of that axis and r within the rest, so the rest merges on its own and the axis goes back in front."""
+  if not vm2.shape or not vm1.shape or not _same(vm2.shape[0], vm1.shape[0]): return None
+  if any(v.mask is not None and not _same(v.mask[0][0], 0) or v.mask is not None and not _same(v.mask[0][1], v.shape[0])
+         for v in (vm2, vm1)):
+    return None
+  inner = prod(vm2.shape[1:])
+  if not vm2.shape[1:] or not vm1.shape[1:] or not _is_int(inner) or not _same(vm1.strides[0], inner): return None
+  def rest(v: View, offset: sint) -> View:
+    return View.create(v.shape[1:], v.strides[1:], offset, None if v.mask is None else v.mask[1:])
+  r1 = rest(vm1, vm1.offset)
+  if not all(_is_int(x) for x in r1.shape + r1.strides + (r1.offset,)): return None
+  sranges = r1.mask if r1.mask is not None else tuple((0, s) for s in r1.shape)
+  if not all(_is_int(b) and _is_int(e) for b, e in sranges): return None
+  ranges, strides = cast(tuple[tuple[int, int], ...], sranges), cast(tuple[int, ...], r1.strides)
+  if any(b >= e for b, e in ranges): return None   # all masked: handled by the caller's general rules
+  lo = cast(int, r1.offset) + sum(st * (b if st > 0 else e - 1) for st, (b, e) in zip(strides, ranges))
+  hi = cast(int, r1.offset) + sum(st * (e - 1 if st > 0 else b) for st, (b, e) in zip(strides, ranges))
+  if not 0 <= lo <= hi < inner: return None
+  merged = merge_views(rest(vm2, 0), r1)
+  if merged is None: return None
+  mask = None if merged.mask is None else ((0, vm1.shape[0]),) + merged.mask
+  return View.create(vm1.shape[:1] + merged.shape, (vm2.strides[0],) + merged.strides, vm2.offset + merged.offset, mask)
 
 def _merge_ints(vm2: View, vm1: View) -> Optional[View]:
   """merge_views for int views where vm1 has no mask: vm1's flat index offset + Σ st1*x1 is spread over vm2's axes

@@ -1,0 +1,128 @@
+"""A/B kernel benchmark: this tree against another git revision, alternated round by round on the same machine, so
+both see the same load. Each round runs one fresh process per tree (the order swapped every round); a process times
+every workload of benchmarks/workloads.py that both trees have: cold codegen (Kernel + standard protocol +
+to_program, median over repeats) and the kernel (median over repeats after a warm-up launch, checked against numpy).
+The figure per workload is the median over rounds of the within-round ratio base time / this tree's time (above 1:
+this tree is faster).
+Usage: python3 benchmarks/ab.py --base REV [--rounds 5] [--repeats 7] [--workloads W1,W4] [--threads 1,2]
+                                [--profile native|static]"""
+from __future__ import annotations
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# run in each tree's own process: that tree's kernopt, workloads and catalogue, and only API both trees have
+DRIVER = r'''
+import json, os, statistics, sys, time
+tree = sys.argv[1]
+sys.path[:0] = [tree, os.path.join(tree, "benchmarks"), os.path.join(tree, "tests")]
+import numpy as np
+from workloads import workloads
+from kernopt.dtype import dtypes
+from kernopt.helpers import config_override
+from kernopt.kernel import Kernel
+from kernopt.runtime import Buffer, Device
+names, repeats, threads, profile = sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
+dev = Device.open("CPU", profile="static") if profile == "static" else Device.open("CPU", threads=threads)
+def optimize(ast):
+  k = Kernel(ast, opts=dev.renderer).required_optimizations()
+  if not k.apply_tensor_cores(): k.hand_coded_optimizations()
+  return k
+out, all_w = {}, workloads()
+for name in names:
+  if name not in all_w: continue
+  w = all_w[name]
+  cg = []
+  for _ in range(repeats):
+    ast = w.build()
+    t0 = time.perf_counter(); optimize(ast).to_program(); cg.append(time.perf_counter() - t0)
+  k = optimize(w.build())
+  prg = k.to_program()
+  runner = dev.compile(prg)
+  inputs = w.inputs(np.random.default_rng(0))
+  bufs = {idx: Buffer(dev.name, numel, dtypes.float32) for idx, numel in w.buffers}
+  for idx, arr in inputs.items(): bufs[idx].copyin(arr)
+  args = [bufs[a.idx] for a in prg.args]
+  runner(*args, wait=True)
+  ref, got = w.reference(inputs), bufs[0].numpy()
+  np.testing.assert_allclose(got, ref, rtol=w.tol, atol=w.tol * max(1.0, float(np.abs(ref).max())))
+  ts = []
+  for _ in range(repeats):
+    t0 = time.perf_counter(); runner(*args, wait=True); ts.append(time.perf_counter() - t0)
+  out[name] = {"kernel_s": statistics.median(ts), "codegen_s": statistics.median(cg), "name": prg.name,
+               "opts": [str(o) for o in k.applied_opts]}
+print(json.dumps(out))
+'''
+
+def export(rev: str, dest: str) -> str:
+  """The tree of git revision `rev` under `dest` (kernopt, benchmarks and tests only)."""
+  archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "kernopt", "benchmarks", "tests"], check=True,
+                           capture_output=True).stdout
+  os.makedirs(dest)
+  subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
+  return dest
+
+def run_tree(tree: str, names: list[str], repeats: int, threads: int, profile: str, cache: str) -> dict:
+  """One process of `tree` timing `names`; each tree has its own cache directory (their formats may differ)."""
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  env["CACHE_DIR"] = cache
+  r = subprocess.run([sys.executable, "-c", DRIVER, tree, ",".join(names), str(repeats), str(threads), profile],
+                     capture_output=True, text=True, env=env, cwd=tree)
+  if r.returncode != 0: raise SystemExit(f"{tree}: the benchmark failed:\n{r.stderr[-3000:]}")
+  return json.loads(r.stdout.strip().splitlines()[-1])
+
+def main() -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--base", required=True, help="the git revision to compare with")
+  ap.add_argument("--rounds", type=int, default=5)
+  ap.add_argument("--repeats", type=int, default=7)
+  ap.add_argument("--workloads", default="")
+  ap.add_argument("--threads", default="1")
+  ap.add_argument("--profile", default="native", choices=("native", "static"))
+  a = ap.parse_args()
+  sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
+  from workloads import workloads
+  names = [n.strip() for n in a.workloads.split(",") if n.strip()] or list(workloads())
+  cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+             platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+  rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", a.base], check=True, capture_output=True,
+                       text=True).stdout.strip()
+  print(f"A/B: base {a.base} ({rev}) against this tree; host CPU {cpu}; {a.rounds} rounds x {a.repeats} repeats; "
+        f"profile {a.profile}")
+  with tempfile.TemporaryDirectory() as tmp:
+    base = export(a.base, os.path.join(tmp, "tree"))
+    for t in ([1] if a.profile == "static" else [int(x) for x in a.threads.split(",")]):
+      ratios: dict[str, list[float]] = {n: [] for n in names}
+      cg_ratios: dict[str, list[float]] = {n: [] for n in names}
+      last: dict[str, tuple[dict, dict]] = {}
+      for rnd in range(a.rounds):
+        order = [("base", base), ("this", ROOT)][:: 1 if rnd % 2 == 0 else -1]
+        res = {who: run_tree(tree, names, a.repeats, t, a.profile, os.path.join(tmp, f"cache-{who}"))
+               for who, tree in order}
+        for n in names:
+          if n in res["base"] and n in res["this"]:
+            b, h = res["base"][n], res["this"][n]
+            ratios[n].append(b["kernel_s"] / h["kernel_s"])
+            cg_ratios[n].append(b["codegen_s"] / h["codegen_s"])
+            last[n] = (b, h)
+        print(f"  round {rnd + 1}/{a.rounds} done", flush=True)
+      print(f"threads {t}:")
+      print(f"  {'wl':4s} {'base ms':>9s} {'this ms':>9s} {'kernel base/this':>17s} {'(min-max)':>13s} "
+            f"{'codegen base/this':>18s}  same opts")
+      for n in names:
+        if not ratios[n]: print(f"  {n:4s} only in one tree"); continue
+        b, h = last[n]
+        print(f"  {n:4s} {1e3 * b['kernel_s']:9.3f} {1e3 * h['kernel_s']:9.3f} {statistics.median(ratios[n]):16.3f}x "
+              f"({min(ratios[n]):.2f}-{max(ratios[n]):.2f}) {statistics.median(cg_ratios[n]):17.3f}x  "
+              f"{'yes' if b['opts'] == h['opts'] else 'no: ' + str(b['opts']) + ' -> ' + str(h['opts'])}")
+  print("kernel base/this > 1: this tree's kernel is faster; ms columns are the last round's medians")
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,5 @@
+"""`python -m kernopt`: the command line (kernopt/cli.py)."""
+import sys
+from kernopt.cli import main
+
+if __name__ == "__main__": sys.exit(main())

@@ -1,0 +1,93 @@
+"""The compilers' known miscompiles (runtime/cpu.py MISCOMPILES, docs/cpu.md): each reduced case is a kernopt kernel
+run under every C compiler on PATH (one parameter per compiler found: the ids say which ran; a compiler that is
+missing is not a parameter, so it never counts as a pass), on the native and the static profile, against numpy."""
+import os
+import shutil
+import numpy as np
+import pytest
+from kernopt import ast as A, dtypes
+from kernopt.kernel import Kernel, Opt, OptOps
+from kernopt.renderers.native import host_cpu_flags
+from kernopt.runtime import Buffer, cpu
+
+COMPILERS = [name for name in ("gcc", "clang") if shutil.which(name)]
+PROFILES = ("native", "static")
+pytestmark = pytest.mark.skipif(not COMPILERS, reason="no gcc or clang on PATH")
+
+def device(compiler: str, profile: str, **options) -> cpu.CPUDevice:
+  """A CPU device that builds with `compiler` (not find_compiler()'s choice), one thread."""
+  kw = {"threads": 1} if profile == "native" else {}
+  dev = cpu.CPUDevice(profile=profile, **kw, **options)
+  dev._cc = os.path.realpath(shutil.which(compiler))
+  return dev
+
+def run(dev: cpu.CPUDevice, ast, opts: list, inputs: list[np.ndarray], out_size: int, out_dtype) -> np.ndarray:
+  k = Kernel(ast, opts=dev.renderer)
+  for o in opts: k.apply_opt(o)
+  out = Buffer(dev, out_size, out_dtype)
+  bufs = [Buffer(dev, x.size, dt).copyin(x) for x, dt in inputs]
+  dev.compile(k.to_program())(out, *bufs, wait=True)
+  return out.numpy()
+
+# ***** gcc 12: SLP reduction of int accumulators through (uint32_t) casts (GCC PR 107212) *****
+
+INT_SUM = A.kernel(A.store(0, A.sum(A.load(1, dtypes.int32, (16,)), 0)))
+
+def int_sum(dev: cpu.CPUDevice, x: np.ndarray) -> int:
+  return int(run(dev, INT_SUM, [Opt(OptOps.UNROLL, 0, 2)], [(x, dtypes.int32)], 1, dtypes.int32)[0])
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_unrolled_int_sum(compiler, profile):
+  """An int32 SUM over 16 elements with UNROLL 2 (two accumulators): gcc 12.2 at -O2 returned 3 / 28 / 56 instead of
+  112 for sevens. Wrapping sums check the (uint32_t) arithmetic too."""
+  dev = device(compiler, profile)
+  big = np.array([2**31 - 1, 5, -7, 2**30] * 4, np.int32)
+  for x in (np.full(16, 7, np.int32), np.arange(16, dtype=np.int32) - 3, big):
+    assert int_sum(dev, x) == int(x.sum(dtype=np.int32)), (compiler, profile, x)
+
+def test_table_entry_is_still_needed():
+  """Where the table applies to this host's gcc, the int-sum case is wrong without the workaround: the entry is
+  justified (a gcc release with the fix would fail here, asking to narrow the entry's version range)."""
+  if "gcc" not in COMPILERS: pytest.skip("no gcc on PATH")
+  cc = os.path.realpath(shutil.which("gcc"))
+  if not cpu.workaround_flags(cpu.compiler_identity(cc)): pytest.skip(f"no table entry for {cpu.compiler_identity(cc)}")
+  with_fix, without = device("gcc", "static"), device("gcc", "static", workarounds=False)
+  assert "-fno-tree-loop-vectorize" in with_fix.flags() and "-fno-tree-loop-vectorize" not in without.flags()
+  x = np.full(16, 7, np.int32)
+  assert int_sum(with_fix, x) == 112
+  assert int_sum(without, x) != 112
+
+# ***** gcc 12: AVX-512VL masked loop vectorization of padded loads *****
+
+PAD_ADD = A.kernel(A.store(0, A.add(A.pad(A.load(1, dtypes.float, (5, 6)), ((1, 2), (3, 0))), 1.0)))
+PAD_OPTS = [Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 3), Opt(OptOps.PADTO, 1, 8), Opt(OptOps.UPCAST, 1, 0)]
+
+def check_pad_add(dev: cpu.CPUDevice) -> None:
+  x = np.arange(30, dtype=np.float32).reshape(5, 6) + 10
+  got = run(dev, PAD_ADD, PAD_OPTS, [(x.reshape(-1), dtypes.float)], 72, dtypes.float).reshape(8, 9)
+  np.testing.assert_array_equal(got, np.pad(x, ((1, 2), (3, 0))) + 1)
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_padded_add_host_isa(compiler, profile):
+  """The padded add at the host's own -march (gcc 12.2 got it right without AVX-512)."""
+  check_pad_add(device(compiler, profile))
+
+AVX512 = {"avx512f", "avx512bw", "avx512dq", "avx512vl"}
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_padded_add_avx512(compiler, profile):
+  """At -march=x86-64-v4 gcc 12.2's loop vectorizer gave the pad value for 24 of 72 elements (its code never reads 10
+  of the 30 inputs). Runs only where the host can execute AVX-512."""
+  if not AVX512 <= host_cpu_flags(): pytest.skip("the host cannot run AVX-512 code (x86-64-v4)")
+  check_pad_add(device(compiler, profile, march="x86-64-v4"))
+
+def test_workaround_flags_follow_the_table():
+  """workaround_flags reads the table by compiler name and version range, and the flags are in the binary's key."""
+  assert cpu.workaround_flags(("gcc", (12, 2, 0))) == ("-fno-tree-loop-vectorize",)
+  assert cpu.workaround_flags(("gcc", (13, 1, 0))) == () and cpu.workaround_flags(("clang", (12, 0, 0))) == ()
+  if "gcc" in COMPILERS and cpu.workaround_flags(cpu.compiler_identity(os.path.realpath(shutil.which("gcc")))):
+    a, b = device("gcc", "static"), device("gcc", "static", workarounds=False)
+    assert a.cache_key("int x;") != b.cache_key("int x;")
