@@ -306,9 +306,11 @@ class NativeCRenderer(CRenderer):
     vt, st, n = self.render_dtype(dt), self.render_dtype(dt.scalar()), dt.count
     name = f"ko_mload_{vt}"
     pin = f' __asm__("" : "+{self.pin_loads}"(v));' if self._pinnable(dt) else ""
-    self.helper(name, f"static inline {vt} {name}(const {st}* b, int32_t i, int32_t m) {{ {vt} v; "
-                      f"if (m == {(1 << n) - 1}) {{ memcpy(&v, b + i, sizeof(v));{pin} return v; }} "
-                      f"for (int l = 0; l < {n}; l++) v[l] = (m >> l) & 1 ? b[i + l] : 0.0f; return v; }}")
+    head = f"static inline {vt} {name}(const {st}* b, int32_t i, int32_t m) {{ {vt} v; " \
+           f"if (m == {(1 << n) - 1}) {{ memcpy(&v, b + i, sizeof(v));{pin} return v; }}"
+    loop = f"for (int l = 0; l < {n}; l++) v[l] = (m >> l) & 1 ? b[i + l] : 0.0f; return v;"
+    self.helper(name, _mload_helper(head, loop, vt, n) if dt.scalar() == dtypes.float32 and n in _MASKLOAD
+                else f"{head} {loop} }}")
     return f"{name}({buf}, {idx}, {mask})"
 
   def render_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
@@ -349,6 +351,24 @@ def _stream_helper(name: str, vt: str, n: int) -> str:
               "  }",
               "#endif"]
   return "\n".join(lines + ["  memcpy(p, &v, sizeof(v));", "}"])
+
+# x86 masked load of n floats, the closed lanes never touched: (builtin call on p and the lane mask k, ISA macro)
+_MASKLOAD = {4: ("__builtin_ia32_maskloadps((const float4*)p, k)", "__AVX__"),
+             8: ("__builtin_ia32_maskloadps256((const float8*)p, k)", "__AVX__"),
+             16: ("__builtin_ia32_loadups512_mask((const float*)p, (float16){0}, (uint16_t)m)", "__AVX512F__")}
+
+def _mload_helper(head: str, loop: str, vt: str, n: int) -> str:
+  """A partial vector load through the ISA's masked load where it has one (AVX: the lanes' bits of m as a vector of
+  all-ones or zero ints; AVX-512: m itself), else lane by lane: the border of a padded load then needs no help from
+  the loop vectorizer, which runtime/cpu.py's miscompile table may switch off. The address is formed as an integer
+  (it points before the buffer when the first lanes are padding; those lanes are never read)."""
+  call, isa = _MASKLOAD[n]
+  lanes = ", ".join(str(1 << l) for l in range(n))
+  mask = [] if n == 16 else [f"  typedef int32_t ko_lanes{n} __attribute__((vector_size({4 * n})));",
+                             f"  ko_lanes{n} k = (((ko_lanes{n}){{0}} + m) & (ko_lanes{n}){{{lanes}}}) != 0;"]
+  return "\n".join([head, f"#if defined(__x86_64__) && defined({isa})", *mask,
+                    "  const void* p = (const void*)((uintptr_t)b + (intptr_t)i * (intptr_t)sizeof(float));",
+                    f"  return {call};", "#else", f"  {loop}", "#endif", "}"])
 
 # x86 fused multiply-add of n floats: (builtin, its extra arguments, ISA macro); the builtins need no header
 _VFMADD = {4: ("__builtin_ia32_vfmaddps", "", "__FMA__"), 8: ("__builtin_ia32_vfmaddps256", "", "__FMA__"),
