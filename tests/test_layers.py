@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "kernopt"
 ORDER = ["dtype", "helpers", "debug", "errors", "shape.symbolic", "shape.view", "shape.shapetracker", "ops", "uops",
          "renderers", "capture", "uopgraph", "lowerer", "opt", "heuristics", "heuristics_cpu", "heuristics_opencl",
          "heuristics_cuda", "kernel", "refusals", "ast", "replay", "runtime", "search_space", "validation", "search",
-         "program_cache", "api", "cli"]
+         "program_cache", "api", "cli", "__main__"]
 CORE = set(ORDER[:ORDER.index("runtime")])
 STDLIB = set(sys.stdlib_module_names)
 
