@@ -157,20 +157,7 @@ class LazyOp:
   def lazyops(self) -> list[LazyOp]:
     """Every op of the tree, each once, children before parents: a depth-first walk, sources in order, each op
     placed after the last of its sources (an explicit stack: a 10,000-deep tree needs no Python recursion)."""
-    order: list[LazyOp] = []
-    seen = {self}
-    stack: list[tuple[LazyOp, int]] = [(self, 0)]
-    while stack:
-      op, i = stack[-1]
-      if i < len(op.src):
-        stack[-1] = (op, i + 1)
-        if (s := op.src[i]) not in seen:
-          seen.add(s)
-          stack.append((s, 0))
-      else:
-        stack.pop()
-        order.append(op)
-    return order
+    return walk_ops(self)
 
   def vars(self) -> list[Any]:
     """The symbolic Variables in the shapes of this tree's buffers and in its symbolic CONSTs, sorted by name."""
@@ -209,9 +196,10 @@ class LazyOp:
 
 _UNSET: Any = object()
 
-def walk_ops(root: LazyOp, accept: Callable[[LazyOp], bool]) -> list[LazyOp]:
-  """root and the ops under it that `accept`, reached through accepted ops only, each once, children before parents
-  (sources in order). An explicit stack, so that a pass can visit a 10,000-deep tree bottom-up without recursion."""
+def walk_ops(root: LazyOp, accept: Optional[Callable[[LazyOp], bool]] = None) -> list[LazyOp]:
+  """root and the ops under it that `accept` (all, without it), reached through accepted ops only, each once,
+  children before parents (sources in order). An explicit stack, so that a pass can visit a 10,000-deep tree
+  bottom-up without recursion."""
   order: list[LazyOp] = []
   seen = {root}
   stack: list[tuple[LazyOp, int]] = [(root, 0)]
@@ -219,7 +207,7 @@ def walk_ops(root: LazyOp, accept: Callable[[LazyOp], bool]) -> list[LazyOp]:
     op, i = stack[-1]
     if i < len(op.src):
       stack[-1] = (op, i + 1)
-      if (s := op.src[i]) not in seen and accept(s):
+      if (s := op.src[i]) not in seen and (accept is None or accept(s)):
         seen.add(s)
         stack.append((s, 0))
     else:
