@@ -44,16 +44,18 @@ def cases() -> tuple[list[str], Callable[[str], Any]]:
 
 def workload_phases(repeats: int) -> None:
   """benchmarks/workloads.py's ASTs on the static C profile and the CPU device's renderer: the median over cold
-  repeats of the whole Kernel + protocol + to_program, and of each phase (opts, lower, rewrite, order, render)."""
+  repeats of the whole Kernel + protocol + to_program, and of each phase (opts, lower, rewrite, order, the renderer's
+  passes, render)."""
   sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
   from workloads import workloads
   from kernopt.lowerer import lower
+  from kernopt.passes import passes_for, run_passes
   from kernopt.renderers.cstyle import CRenderer
   from kernopt.runtime import Device
   from kernopt.uopgraph import graph_rewrite, order_uops, simplifier
   print(f"load average {os.getloadavg()}")
   print(f"{'profile':8s} {'workload':9s} {'total':>7s} {'opts':>6s} {'lower':>6s} {'rewrite':>7s} {'order':>6s} "
-        f"{'render':>7s}  uops  (ms, median of {repeats} cold runs)")
+        f"{'passes':>6s} {'render':>7s}  uops  (ms, median of {repeats} cold runs)")
   for pname, r in (("C", CRenderer()), ("native", Device["CPU"].renderer)):
     for wname, w in workloads().items():
       totals, phases = [], []
@@ -72,12 +74,14 @@ def workload_phases(repeats: int) -> None:
         ts.append(time.perf_counter())
         uops = order_uops(g)
         ts.append(time.perf_counter())
+        uops = run_passes(uops, passes_for(r))
+        ts.append(time.perf_counter())
         r.render("k", uops)
         ts.append(time.perf_counter())
         phases.append([b - a for a, b in zip(ts, ts[1:])])
-      med = [statistics.median(p[i] for p in phases) for i in range(5)]
+      med = [statistics.median(p[i] for p in phases) for i in range(6)]
       print(f"{pname:8s} {wname:9s} {1e3 * statistics.median(totals):7.2f} " +
-            " ".join(f"{1e3 * m:{wd}.2f}" for m, wd in zip(med, (6, 6, 7, 6, 7))) + f"  {len(prg.uops)}  {w.desc}")
+            " ".join(f"{1e3 * m:{wd}.2f}" for m, wd in zip(med, (6, 6, 7, 6, 6, 7))) + f"  {len(prg.uops)}  {w.desc}")
   print(f"load average {os.getloadavg()}")
 
 def optimize_with(ast: Any, renderer: Any) -> Kernel:
@@ -92,7 +96,8 @@ def core_lines() -> None:
   for dirpath, _, files in os.walk(root):
     if os.path.basename(dirpath) in ("runtime", "__pycache__"): continue
     for f in files:
-      if f.endswith(".py") and f not in ("search.py", "search_space.py", "validation.py"):
+      if f.endswith(".py") and f not in ("search.py", "search_space.py", "validation.py", "search_config.py",
+                                         "search_workers.py", "tuning_file.py"):
         path = os.path.join(dirpath, f)
         with open(path) as fh: counts[os.path.relpath(path, root)] = sum(1 for line in fh if line.strip())
   print("core lines (non-blank): " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda x: -x[1])))

@@ -6,6 +6,7 @@ import argparse
 import os
 import statistics
 import sys
+from dataclasses import replace
 
 sys.path[:0] = [os.path.join(os.path.dirname(os.path.abspath(__file__)), p) for p in ("..", "../tests")]
 import numpy as np  # noqa: E402
@@ -36,7 +37,7 @@ def main() -> None:
     runners = []
     for label, opts, schedule in modes:
       dev = Device.open("CPU", min_parallel_work=0, **opts)
-      if schedule is not None: dev.renderer.schedule = schedule
+      if schedule is not None: dev.renderer.caps = replace(dev.renderer.caps, schedule=schedule)
       k = Kernel(ast, opts=dev.renderer).required_optimizations().hand_coded_optimizations()
       bufs = [Buffer("CPU", size, dtypes.float32).copyin(np.random.rand(size).astype(np.float32)) for _ in range(3)]
       runners.append((label, dev.compile(k.to_program()), bufs))

@@ -1,7 +1,8 @@
 """kernopt: an embeddable kernel optimizer. `import kernopt` imports only the standard library: the AST vocabulary
 (`kernopt.ast`'s builders, `LazyOp`, `ShapeTracker`, `View`, `Variable`, `dtypes`) loads with it; `Kernel`, `Opt`,
 `OptOps` and the runtime's `Device` and `Buffer` (which use numpy) load on first use:
-`from kernopt import Kernel, Device, Buffer`."""
+`from kernopt import Kernel, Device, Buffer`.
+Imports ast, dtype, errors, helpers, heuristics, heuristics_cpu, heuristics_cuda, heuristics_opencl, ops and shape/."""
 import importlib
 from typing import Any
 from kernopt.errors import (KernoptError, ShapeError, VerifyError, KernelOptError, UnsupportedError, CompileError,
@@ -14,6 +15,8 @@ from kernopt.shape.shapetracker import ShapeTracker
 from kernopt.ops import LazyOp
 from kernopt import ast
 from kernopt.ast import save, load_file as load
+# the heuristics profiles register themselves in kernopt.heuristics_registry; the Kernel, above them, never imports them
+from kernopt import heuristics, heuristics_cpu, heuristics_opencl, heuristics_cuda  # noqa: F401
 
 __version__ = "0.1.0"
 

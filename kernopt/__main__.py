@@ -1,4 +1,4 @@
-"""`python -m kernopt`: the command line (kernopt/cli.py)."""
+"""`python -m kernopt`: the command line (kernopt/cli.py). Imports cli."""
 import sys
 from kernopt.cli import main
 

@@ -1,7 +1,7 @@
 """The one-call entry: `kernopt.compile(ast, device)` is the standard protocol (or a search, when beam or the BEAM
 knob asks) and a compile, through the persistent program cache; `compile_many` builds many kernels with the
-compilers running in parallel; `stats()` counts what this process did. Imports everything below it; numpy only through
-the runtime, on first call."""
+compilers running in parallel; `stats()` counts what this process did. Imports debug, errors, helpers, heuristics,
+kernel, ops, program_cache, renderers, runtime/ and search; numpy only through the runtime, on first call."""
 from __future__ import annotations
 import concurrent.futures as cf
 import contextvars

@@ -12,7 +12,7 @@ axes kept as 1. So an op that consumes a reduce works at the reduce's keep-dims 
 
 Builders check shapes and dtypes as they go and raise VerifyError naming the op and both shapes or dtypes; `kernel`
 runs `verify_lazyop` on the whole tree. Python numbers may stand for operands of ALU ops: they become CONSTs of the
-other operand's dtype and shape. Imports only the standard library and the core modules above it."""
+other operand's dtype and shape. Imports dtype, errors, ops and shape/; no numpy."""
 from __future__ import annotations
 import dataclasses
 import math

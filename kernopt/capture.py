@@ -3,7 +3,7 @@ capabilities, the applied Opts, the launch sizes and the source one line per lin
 pinned profiles of scripts/process_replay.py, the renderer a capabilities record describes, RUN_PROCESS_REPLAY's
 captures, and the comparison of two captures. Imports helpers, errors, ops and renderers."""
 from __future__ import annotations
-import difflib, hashlib, importlib, inspect, json, os
+import dataclasses, difflib, hashlib, importlib, inspect, json, os
 from typing import Any, Callable, Optional
 from kernopt.errors import UnsupportedError
 from kernopt.helpers import Config, cache_subdir, getconfig
@@ -20,7 +20,10 @@ _RENDERER_MODULES = ("cstyle", "native", "opencl", "cuda", "metal", "amd")
 # ***** profiles: each a renderer with every host-derived capability pinned *****
 
 def _pin(r: Any, **attrs: Any) -> Any:
-  for k, v in attrs.items(): object.__setattr__(r, k, v)
+  """r with attrs pinned: fields of its capabilities record (a tree from before the record: its attributes)."""
+  if hasattr(r, "caps"): r.caps = dataclasses.replace(r.caps, **attrs)
+  else:
+    for k, v in attrs.items(): object.__setattr__(r, k, v)
   return r
 
 def _native(width: int, level: str) -> Callable[[], Any]:
@@ -32,9 +35,9 @@ def _native(width: int, level: str) -> Callable[[], Any]:
     fma = level != "x86-64-v2"
     kw: dict[str, Any] = {"vector_width": width, "threads": 2, "parallel": "pthread", "fused_accumulate": fma,
                           "march": "native"}
+    if (levels := getattr(native, "ISA_LEVELS", None)) is not None: kw["isa"] = levels[level]
     accepted = inspect.signature(native.NativeCRenderer).parameters
     r = native.NativeCRenderer(**{k: v for k, v in kw.items() if k in accepted})
-    if (levels := getattr(native, "ISA_LEVELS", None)) is not None: _pin(r, isa=levels[level])
     return _pin(r, pin_loads="x")
   return make
 
@@ -66,10 +69,10 @@ def _tuples(v: Any) -> Any: return tuple(_tuples(x) for x in v) if isinstance(v,
 
 def renderer_from_capabilities(caps: dict[str, Any]) -> Any:
   """A renderer whose capabilities() is exactly caps (as a capture stores it): the dialect's class built with the
-  constructor arguments caps names, every other recorded attribute pinned. UnsupportedError when no dialect class
-  can carry caps."""
+  constructor arguments caps names (a native profile's ISA is not probed on this host), every other recorded field of
+  its capabilities record pinned. UnsupportedError when no dialect class can carry caps."""
   from kernopt.errors import KernoptError
-  from kernopt.renderers import Renderer
+  from kernopt.renderers import Capabilities, Renderer
   name = caps.get("dialect") if isinstance(caps, dict) else None
   cls = None
   for m in _RENDERER_MODULES:
@@ -77,18 +80,13 @@ def renderer_from_capabilities(caps: dict[str, Any]) -> Any:
     if isinstance(c, type) and issubclass(c, Renderer): cls = c
   if cls is None: raise UnsupportedError(f"no renderer class {name!r} to rebuild a capture's renderer from")
   params = inspect.signature(cls).parameters
-  kw = {k: _tuples(caps[k]) for k in params if k in caps}
-  if "isa" in params and "march" in caps:
-    from kernopt.renderers.native import ISA_LEVELS, IsaFacts
-    kw.pop("march", None)
-    kw["isa"] = ISA_LEVELS.get(caps["march"]) or IsaFacts(caps["march"], caps.get("isa_vector_width", 1),
-                                                          bool(caps.get("fused_accumulate")))
+  kw = {k: _tuples(caps[k]) for k in params if k in caps and k != "march"}
   try: r = cls(**kw)
   except (KernoptError, TypeError, ValueError) as e:
     raise UnsupportedError(f"cannot rebuild a {name} renderer from its capabilities: {e}") from None
-  for k, v in caps.items():
-    if k in ("dialect", "tensor_cores", "march", "isa_vector_width") or jsonable(getattr(r, k, None)) == v: continue
-    object.__setattr__(r, k, _tuples(v))
+  known = {f.name for f in dataclasses.fields(Capabilities)} - {"tensor_cores"}
+  pinned = {k: _tuples(v) for k, v in caps.items() if k in known and jsonable(getattr(r.caps, k)) != v}
+  r.caps = dataclasses.replace(r.caps, **pinned)
   if (got := jsonable(r.capabilities())) != caps:
     bad = sorted(k for k in set(got) | set(caps) if got.get(k) != caps.get(k))
     raise UnsupportedError(f"a {name} renderer can't carry the captured capabilities {bad}")

@@ -1,7 +1,7 @@
 """The command line, `python -m kernopt` or `kernopt`: show, run and search AST files (`kernopt.save`), replay a
 process-replay capture, manage the caches, list the devices. Bad arguments or files are one line on stderr and exit
-status 2; a kernel that disagrees with its unoptimized form, or a replay that finds a change, exits 1. Imports
-everything below it."""
+status 2; a kernel that disagrees with its unoptimized form, or a replay that finds a change, exits 1. Imports debug,
+errors, helpers, kernel, ops, opt, renderers, replay, runtime/, search, shape.symbolic and validation."""
 from __future__ import annotations
 import argparse, contextlib, math, os, shutil, sys
 from typing import Any, NoReturn, Optional, Sequence

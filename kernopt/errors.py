@@ -1,5 +1,6 @@
 """The kernopt exception hierarchy. Every expected failure raises one of these with a message that names
-the op, axis, shapes or sizes involved; `assert` is kept for internal invariants only."""
+the op, axis, shapes or sizes involved; `assert` is kept for internal invariants only.
+Imports only the standard library."""
 
 class KernoptError(Exception):
   """Base of every error kernopt raises on purpose."""

@@ -1,75 +1,24 @@
 """The spec's hand-coded heuristics: which Opts a Kernel gets when nobody searched. Each rule is a function of the
 kernel that applies Opts through `Kernel.apply_opt`, so every choice passes its checks, and records a `Decision`
-(the rule, the values that decided it, the Opt or why none) in the kernel's trace, which `Kernel.explain()` returns.
-Imports helpers, errors, dtype, ops and opt; the Kernel is passed in."""
+(kernopt.decisions, re-exported here) in the kernel's trace, which `Kernel.explain()` returns. Sits below the Kernel
+and uses only its public API. Imports helpers, errors, dtype, ops, opt, decisions, heuristics_registry and kernel; the
+Kernel only as a type (it is passed in), and this module registers spec_rules as the "spec" profile."""
 from __future__ import annotations
 import itertools
-from dataclasses import dataclass
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Iterator, Mapping, Optional, TypeGuard
+from typing import TYPE_CHECKING, Any, Optional, TypeGuard
+from kernopt.decisions import Decision, Explanation, apply, decide, try_apply
+from kernopt.decisions import show as _show
 from kernopt.dtype import ImageDType
 from kernopt.errors import KernelOptError
 from kernopt.helpers import all_int, getconfig, prod
 from kernopt.ops import BinaryOps, BufferOps, ReduceOps
+from kernopt.heuristics_registry import register_heuristics
 from kernopt.opt import Opt, OptOps
 
 if TYPE_CHECKING: from kernopt.kernel import Kernel
 
-# ***** decisions: what a rule chose and why *****
-
-@dataclass(frozen=True)
-class Decision:
-  """One step of a heuristic: `rule` (a name in some module's RULES), `facts` (the values that decided it, taken from
-  the kernel before `opt` was applied: full_shape always; axis is an axis of the full shape, size its size there,
-  strides every tracker's last-view stride on it, buffer_strides every buffer's real stride on it ignoring masks),
-  the Opt applied (None: none) and a one-line reason."""
-  rule: str
-  facts: Mapping[str, Any]
-  opt: Optional[Opt]
-  reason: str
-
-  def __post_init__(self) -> None: object.__setattr__(self, "facts", MappingProxyType(dict(self.facts)))
-  def __hash__(self) -> int: return hash((self.rule, tuple(self.facts.items()), self.opt, self.reason))
-
-  def __str__(self) -> str:
-    opt = "-" if self.opt is None else f"{self.opt.op.name}" + \
-      "".join(f" {k}={v}" for k, v in (("axis", self.opt.axis), ("amt", self.opt.amt)) if v is not None)
-    facts = " ".join(f"{k}={_show(v)}" for k, v in self.facts.items())
-    return f"{self.rule:<24} {opt:<22} {self.reason}  [{facts}]"
-
-def _show(v: Any) -> str:
-  if isinstance(v, tuple): return "(" + ",".join(_show(x) for x in v) + ")"
-  return v.render() if hasattr(v, "render") else str(v)
-
-@dataclass(frozen=True)
-class Explanation:
-  """The decisions that shaped a kernel, in the order they were made. Applying `opts` in order to a fresh Kernel of
-  the same AST and renderer gives the same `applied_opts`."""
-  decisions: tuple[Decision, ...]
-
-  @property
-  def opts(self) -> tuple[Opt, ...]: return tuple(d.opt for d in self.decisions if d.opt is not None)
-  @property
-  def rules(self) -> tuple[str, ...]: return tuple(d.rule for d in self.decisions)
-  def __iter__(self) -> Iterator[Decision]: return iter(self.decisions)
-  def __len__(self) -> int: return len(self.decisions)
-  def __str__(self) -> str: return "\n".join(str(d) for d in self.decisions)
-
-def decide(k: Kernel, rule: str, reason: str, **facts: Any) -> None:
-  """Record that `rule` chose no Opt, and why (full_shape is added to facts)."""
-  k.record(Decision(rule, {"full_shape": k.full_shape, **facts}, None, reason))
-
-def apply(k: Kernel, rule: str, opt: Opt, reason: str, **facts: Any) -> None:
-  """Apply opt (KernelOptError propagates, nothing recorded) and record the decision with the facts before it."""
-  shape = k.full_shape
-  k.apply_opt(opt)
-  k.record(Decision(rule, {"full_shape": shape, **facts}, opt, reason))
-
-def try_apply(k: Kernel, rule: str, opt: Opt, reason: str, **facts: Any) -> bool:
-  """`apply`, False (k unchanged, nothing recorded) when the kernel refuses opt."""
-  try: apply(k, rule, opt, reason, **facts)
-  except KernelOptError: return False
-  return True
+__all__ = ["Decision", "Explanation", "apply", "decide", "try_apply", "RULES", "hand_coded", "spec_rules", "strides",
+           "buffer_strides", "output_bufs", "input_bufs", "vector_axis", "view_strides"]
 
 def view_strides(k: Kernel, axis: int) -> tuple:
   """Every tracker's last-view stride on axis (the spec's broadcast test reads these)."""
@@ -340,3 +289,10 @@ def vector_axis(k: Kernel, width: int) -> Optional[int]:
       return axis
   return None
 
+def spec_rules(k: Kernel) -> bool:
+  """The spec's heuristics as a profile (caps.heuristics "spec", and every other profile's fallback): always
+  chooses."""
+  hand_coded(k)
+  return True
+
+register_heuristics("spec", spec_rules)

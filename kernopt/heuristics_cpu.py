@@ -1,11 +1,14 @@
 """Hand-coded optimizations for the native CPU profile (renderers/native.py), used by `Kernel.hand_coded_optimizations`
 when the renderer's `heuristics` is "cpu_native". They shape register tiles for the lane packer: a vector axis of
 `vector_width` contiguous lanes, broadcast rows upcast into independent accumulators, contiguous reduces unrolled into
-vector accumulators. Only existing OptOps are used, so every choice is checked like any other. Imports errors and opt;
-the Kernel is passed in. Every step records a Decision (heuristics.decide/apply) naming a rule of RULES."""
+vector accumulators. Only existing OptOps are used, so every choice is checked like any other. Imports heuristics,
+heuristics_registry, opt and kernel; the Kernel only as a type (it is passed in), and this module registers
+hand_coded_cpu as the "cpu_native" profile. Every step records a Decision (heuristics.decide/apply) naming a rule
+of RULES."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, TypeGuard
 from kernopt.heuristics import buffer_strides, decide, input_bufs, strides, try_apply, vector_axis
+from kernopt.heuristics_registry import register_heuristics
 from kernopt.opt import Opt, OptOps
 
 if TYPE_CHECKING: from kernopt.kernel import Kernel
@@ -45,7 +48,7 @@ def hand_coded_cpu(k: Kernel) -> bool:
     decide(k, "cpu.profile", "something is upcast, local or grouped already: the spec's rules decide",
            upcasted=k.upcasted, local_dims=k.local_dims, group_for_reduces=k.group_for_reduces)
     return False
-  width = getattr(k.opts, "vector_width", 4)
+  width = k.opts.caps.vector_width
   if width < 2:
     decide(k, "cpu.profile", f"vector width {width} is under 2: the spec's rules decide", vector_width=width)
     return False
@@ -169,3 +172,5 @@ def _multi_reduce(k: Kernel, vaxis: Optional[int], width: int) -> bool:
   else: decide(k, rule, f"UPCAST of axis {vaxis} by {width} refused", axis=vaxis, vector_width=width)
   if not applied: decide(k, rule, "no Opt applied: the spec's rules decide")
   return applied
+
+register_heuristics("cpu_native", hand_coded_cpu)

@@ -2,12 +2,14 @@
 `Device["CUDA"]` renders with), used by `Kernel.hand_coded_optimizations` before the spec's rules: thread blocks of
 whole warps, row reductions split across a block, wider per-thread matmul tiles, and reduces split across threads
 on small grids. A kernel no rule fits gets the spec's heuristics. Measured on an H200 (2026-11-30,
-benchmarks/bench_opts.py, medians of 21 interleaved launches; docs/cuda.md). Imports ops, opt and the spec
-heuristics; the Kernel is passed in. Every step records a Decision naming a rule of RULES."""
+benchmarks/bench_opts.py, medians of 21 interleaved launches; docs/cuda.md). Imports ops, opt, heuristics,
+heuristics_registry and kernel; the Kernel only as a type (it is passed in), and this module registers
+hand_coded_cuda as the "cuda_gpu" profile. Every step records a Decision naming a rule of RULES."""
 from __future__ import annotations
 from typing import TYPE_CHECKING
 from kernopt.heuristics import buffer_strides, decide, hand_coded, input_bufs, strides, try_apply, vector_axis
 from kernopt.ops import ReduceOps
+from kernopt.heuristics_registry import register_heuristics
 from kernopt.opt import Opt, OptOps
 
 if TYPE_CHECKING: from kernopt.kernel import Kernel
@@ -48,12 +50,12 @@ def _tile_and_split(k: Kernel) -> bool:
   blocks) 6869 -> 11247 GFLOP/s widened (splitting too: 11334); matmul 512^3 (128 blocks) 3735 -> 7921 widened and
   split (3469 widened alone, 5699 split alone); conv2d 64->64 56^2 (98 blocks) 2458 -> 5605 split (4201 by 2)."""
   rule = "cuda.tile_and_split"
-  snap = k._snapshot()
+  snap = k.snapshot()
   hand_coded(k)
   if k.group_for_reduces or k.local_dims not in (2, 3) or k.upcasted < 2 or k.first_reduce >= k.shape_len:
     # what the spec's rules gave, before they are undone
     facts = {"spec_grouped": k.group_for_reduces, "spec_local_dims": k.local_dims, "spec_upcasted": k.upcasted}
-    k._restore(snap)
+    k.restore(snap)
     decide(k, rule, "the spec's rules gave no ungrouped 2-D tile with 2 or 3 local axes: they decide alone", **facts)
     return False
   blocks = 1
@@ -70,13 +72,13 @@ def _tile_and_split(k: Kernel) -> bool:
   if not split: decide(k, "cuda.split", f"{blocks} blocks (limit {limit}), or the GROUPTOP was refused",
                        blocks=blocks, limit=limit)
   if widened or split: return True
-  k._restore(snap)
+  k.restore(snap)
   decide(k, rule, "neither widened nor split: the spec's rules decide alone", blocks=blocks, limit=limit)
   return False
 
 def min_blocks(k: Kernel) -> int:
   """MIN_BLOCKS scaled to the renderer's `sm_count` (None: the measured GPU's)."""
-  sms = getattr(k.opts, "sm_count", None)
+  sms = k.opts.caps.sm_count
   return MIN_BLOCKS if not sms else -(-MIN_BLOCKS * sms // MEASURED_SMS)
 
 def _elementwise(k: Kernel) -> bool:
@@ -93,12 +95,12 @@ def _elementwise(k: Kernel) -> bool:
   if not isinstance(size, int) or size % per_block or size < 2 * per_block:
     decide(k, rule, f"the axis is no multiple of {per_block} of at least 2 blocks: the spec's rules decide", **facts)
     return False
-  snap = k._snapshot()
+  snap = k.snapshot()
   if try_apply(k, rule, Opt(OptOps.UPCAST, axis, ELEMENTWISE_LANES), "a float4 per thread", **facts) and \
      try_apply(k, rule, Opt(OptOps.LOCAL, axis, ELEMENTWISE_BLOCK), f"blocks of {ELEMENTWISE_BLOCK} threads",
                axis=axis, size=k.full_shape[axis]):
     return True
-  k._restore(snap)
+  k.restore(snap)
   decide(k, rule, "the UPCAST or LOCAL was refused: the spec's rules decide", **facts)
   return False
 
@@ -129,11 +131,13 @@ def _row_reduce(k: Kernel) -> bool:
   if not all(strides(k, i)[k.first_reduce] == 1 for i in input_bufs(k)):
     decide(k, rule, "the reduce axis is not unit-stride in every input", **facts)
     return False
-  snap = k._snapshot()
+  snap = k.snapshot()
   if try_apply(k, rule, Opt(OptOps.GROUPTOP, 0, ROW_GROUP), f"{ROW_GROUP} threads split each row", **facts) and \
      try_apply(k, rule, Opt(OptOps.UNROLL, 1, ROW_UNROLL), f"each unrolls {ROW_UNROLL} steps of its share",
                axis=k.first_reduce + 1, size=k.full_shape[k.first_reduce + 1]):
     return True
-  k._restore(snap)
+  k.restore(snap)
   decide(k, rule, "the GROUPTOP or UNROLL was refused", **facts)
   return False
+
+register_heuristics("cuda_gpu", hand_coded_cuda)

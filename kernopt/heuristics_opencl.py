@@ -3,11 +3,13 @@
 lanes the renderer packs into floatN ops, and work-groups big enough that PoCL's per-group cost is amortized. Only
 existing OptOps are used, so every choice is checked like any other; a kernel no rule fits gets the spec's
 heuristics. Every step records a Decision (heuristics.decide/apply) naming a rule of RULES. Imports dtype,
-errors and opt; the Kernel is passed in."""
+heuristics, heuristics_registry, opt and kernel; the Kernel only as a type (it is passed in), and this module
+registers hand_coded_opencl as the "opencl_cpu" profile."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, TypeGuard
 from kernopt.dtype import ImageDType, dtypes
 from kernopt.heuristics import buffer_strides, decide, input_bufs, output_bufs, strides, try_apply, vector_axis
+from kernopt.heuristics_registry import register_heuristics
 from kernopt.opt import Opt, OptOps
 
 if TYPE_CHECKING: from kernopt.kernel import Kernel
@@ -58,7 +60,7 @@ def hand_coded_opencl(k: Kernel) -> bool:
     decide(k, "opencl.profile", "a buffer is an image or not float32: the spec's rules decide",
            dtypes=tuple(b.dtype.name for b in k.bufs))
     return False
-  width = getattr(k.opts, "vector_width", 1)
+  width = k.opts.caps.vector_width
   if width < 2:
     decide(k, "opencl.profile", f"vector width {width} is under 2: the spec's rules decide", vector_width=width)
     return False
@@ -91,7 +93,7 @@ def _elementwise(k: Kernel, width: int) -> bool:
     return False
   items = 1
   for n in k.full_shape: items *= n if _int(n) else 0
-  streamed = getattr(k.opts, "stream_stores", False) and items >= getattr(k.opts, "stream_min", items + 1)
+  streamed = k.opts.caps.stream_stores and items >= k.opts.caps.stream_min
   threads = STREAM_GROUP if streamed else ELEMENTWISE_GROUP if lanes > 1 else ELEMENTWISE_GROUP * 4
   _group(k, threads, f"{items} items, streamed stores: one sfence per group" if streamed else
          f"{items} items, {'lanes' if lanes > 1 else 'no lanes'}: PoCL's per-group cost amortized")
@@ -204,3 +206,5 @@ def _group(k: Kernel, threads: int, why: str) -> None:
            threads=threads)
     return
   decide(k, rule, "no concrete global axis of at least 4", threads=threads)
+
+register_heuristics("opencl_cpu", hand_coded_opencl)

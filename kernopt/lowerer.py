@@ -1,6 +1,6 @@
 """Lowering of an optimized AST (Kernel.get_optimized_ast) to a UOp graph: axes become SPECIAL thread indices,
 RANGE loops or expanded lanes; buffers become guarded LOADs/STOREs; reduces become accumulators.
-Imports dtype, errors, helpers, shape/, ops, uops, renderers and uopgraph."""
+Imports dtype, errors, helpers, ops, renderers, shape/ and uops."""
 from __future__ import annotations
 import functools, itertools
 from typing import Any, Optional, Sequence
@@ -118,8 +118,8 @@ class _Lowerer:
     self.opts = opts
     self.info: KernelInfo = ast.arg if isinstance(ast.arg, KernelInfo) else KernelInfo()
     bufops = [x for x in ast.lazyops if x.op in BufferOps]
-    if any(isinstance(x.arg.dtype, ImageDType) for x in bufops) and not getattr(opts, "supports_images", False):
-      raise UnsupportedError(f"{getattr(opts, 'device', opts)} has no images")
+    if any(isinstance(x.arg.dtype, ImageDType) for x in bufops) and not opts.caps.supports_images:
+      raise UnsupportedError(f"{opts.caps.device} has no images")
     sts: list[ShapeTracker] = [x.arg.st for x in bufops]
     self.shape_len = n = len(sts[0].shape)
     if any(len(st.shape) != n for st in sts):
@@ -547,7 +547,7 @@ class _Lowerer:
 
   def _accumulate(self, op: BinaryOps, dt: DType, acc: UOp, x: UOp) -> UOp:
     """acc op x; acc + a*b as MULACC(a, b, acc) when the dialect fuses float32 accumulation."""
-    if op is BinaryOps.ADD and dt == dtypes.float32 and getattr(self.opts, "fused_accumulate", False) and \
+    if op is BinaryOps.ADD and dt == dtypes.float32 and self.opts.caps.fused_accumulate and \
        x.op is UOps.ALU and x.arg is BinaryOps.MUL:
       return UOp(UOps.ALU, dt, (x.src[0], x.src[1], acc), TernaryOps.MULACC)
     return _alu(op, dt, acc, x)

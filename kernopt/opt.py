@@ -1,15 +1,13 @@
 """Opt, the unit of optimization a Kernel applies, its kinds (OptOps), and where a tensor core's axes sit
-(TensorCoreOptions). Plain immutable data; imports only the standard library."""
+(TensorCoreOptions). Plain immutable data. Imports errors."""
 from __future__ import annotations
 import functools
 import operator
 from dataclasses import dataclass, replace
 from enum import Enum, auto
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 from kernopt.errors import KernelOptError
-
-if TYPE_CHECKING: from kernopt.kernel import Kernel
 
 _MAX = 1 << 31
 
@@ -29,7 +27,7 @@ def _opt_key(o: Opt) -> tuple:
 @dataclass(frozen=True)
 class Opt:
   """One optimization: `op` applied to `axis` (counted from the first reduce axis for UNROLL, from the first
-  ungrouped reduce axis for GROUP/GROUPTOP) with amount `amt` (0: the whole axis)."""
+  ungrouped reduce axis for GROUP/GROUPTOP; `Kernel.real_axis` resolves it) with amount `amt` (0: the whole axis)."""
   op: OptOps
   axis: Optional[int] = None
   amt: Optional[int] = None
@@ -48,13 +46,6 @@ class Opt:
   def __repr__(self) -> str:
     return f"Opt(op=OptOps.{getattr(self.op, 'name', self.op)}, axis={self.axis}, amt={self.amt})"
   def __lt__(self, other: Opt) -> bool: return _opt_key(self) < _opt_key(other)
-
-  def real_axis(self, k: Kernel) -> int:
-    """The axis of k's full shape this Opt addresses (-1 when it has none)."""
-    if self.axis is None: return -1
-    if self.op is OptOps.UNROLL: return k.first_reduce + self.axis
-    if self.op in (OptOps.GROUP, OptOps.GROUPTOP): return k.first_reduce + k.group_for_reduces + self.axis
-    return self.axis
 
 @dataclass(frozen=True)
 class TensorCoreOptions:

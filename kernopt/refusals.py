@@ -1,12 +1,12 @@
 """`check(ast)`: every reason `Kernel(ast)` would refuse an AST, found before a Kernel is built (docs/fusion.md).
 Each KERNEL source is verified on its own, so one bad STORE doesn't hide another's problem; then what holds the
 STOREs together (distinct buffers, one output shape), then the Kernel's own structural rules. With a renderer, also
-what that dialect can't hold (images)."""
+what that dialect can't hold (images). Imports dtype, errors, loop_nest, ops and renderers."""
 from __future__ import annotations
 from typing import Any, Optional
 from kernopt import ops
 from kernopt.errors import KernoptError
-from kernopt.kernel import _derive_sts
+from kernopt.loop_nest import kernel_trackers
 from kernopt.ops import BufferOps, ConstBuffer, LazyOp, MemBuffer, MetaOps
 from kernopt.dtype import ImageDType
 from kernopt.renderers import Renderer
@@ -50,8 +50,8 @@ def _per_store(root: LazyOp) -> list[str]:
 
 def _dialect(root: LazyOp, opts: Renderer) -> list[str]:
   bufs = [x.arg for x in root.lazyops if x.op in BufferOps and isinstance(x.arg, (MemBuffer, ConstBuffer))]
-  if any(isinstance(b.dtype, ImageDType) for b in bufs) and not getattr(opts, "supports_images", False):
-    return [f"{opts.device} has no images"]
+  if any(isinstance(b.dtype, ImageDType) for b in bufs) and not opts.caps.supports_images:
+    return [f"{opts.caps.device} has no images"]
   return []
 
 def check(*ast: LazyOp, opts: Optional[Renderer] = None) -> list[str]:
@@ -65,7 +65,7 @@ def check(*ast: LazyOp, opts: Optional[Renderer] = None) -> list[str]:
     found = _per_store(root) if isinstance(root.src, tuple) and len(root.src) > 1 else []
     found.append(whole)
   else:
-    try: _derive_sts(root)
+    try: kernel_trackers(root)
     except (KernoptError, AssertionError) as e: found.append(_message(e))
   if not found and opts is not None: found += _dialect(root, opts)
   return list(dict.fromkeys(found))

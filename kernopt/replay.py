@@ -1,6 +1,6 @@
 """Process replay: a capture (kernopt.capture's format) rendered again with the code in this process, and the kernels
 whose source changed. A file of scripts/process_replay.py's capture re-runs the standard protocol; a RUN_PROCESS_REPLAY
-file (`"replay": "opts"`) re-applies its Opts under its knobs. Imports capture, errors, helpers, ops and kernel."""
+file (`"replay": "opts"`) re-applies its Opts under its knobs. Imports capture, errors, helpers, kernel, ops and opt."""
 from __future__ import annotations
 import json, os
 from typing import Any

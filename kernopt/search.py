@@ -1,104 +1,42 @@
 """Beam search over Opts, timed on a device and validated against the unoptimized kernel, and the tuning cache that
 remembers its results (on disk; exportable as one JSON file). Candidates are rendered and compiled in worker
-processes of any concurrent.futures.Executor, then timed one at a time here. Uses numpy and kernopt.runtime;
-tqdm (progress) and dask (tune_all on a cluster) only when present and asked for. The action space
-(kernopt.search_space) and validation (kernopt.validation) live beside it and are re-exported here."""
+processes of any concurrent.futures.Executor, then timed one at a time here; tqdm (progress) and dask (tune_all on a
+cluster) only when present and asked for. Beside it, and re-exported here: its settings and report
+(kernopt.search_config), the action space (kernopt.search_space), validation (kernopt.validation), the worker side
+(kernopt.search_workers) and the export file (kernopt.tuning_file). Imports debug, errors, helpers, kernel, ops,
+renderers, runtime, search_config, search_space, search_workers, tuning_file and validation."""
 from __future__ import annotations
 import concurrent.futures as cf
-import contextlib
 import contextvars
 import dataclasses
 import hashlib
 import json
 import math
-import multiprocessing
-import os
-import re
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Optional, Sequence
-import numpy as np
+from dataclasses import dataclass
+from typing import Any, Iterable, Optional, Sequence
 import kernopt
 from kernopt import debug, ops
-from kernopt.dtype import ImageDType
-from kernopt.errors import KernelOptError, KernoptError, TuningCacheError
-from kernopt.helpers import ansistrip, config_override, count, diskcache_get, diskcache_get_many, diskcache_items, \
-  diskcache_put, diskcache_put_many, getconfig
+from kernopt.errors import KernelOptError, KernoptError
+from kernopt.helpers import ansistrip, config_override, count, diskcache_get, diskcache_put, getconfig
 from kernopt.kernel import Kernel, Opt, OptOps
 from kernopt.ops import LazyOp
-from kernopt.renderers import Program, Renderer
-from kernopt.runtime import Buffer, Compiled, CompiledRunner, Device, np_dtype
-from kernopt.shape.symbolic import sym_infer
-from kernopt.search_space import GROUP_AMTS, LOCAL_AMTS, PADTO_AMTS, TC_AXES, UNROLL_AMTS, UPCAST_AMTS, \
-  _interleave, _upcast_size, actions, expand  # noqa: F401 (re-exported)
+from kernopt.renderers import Program
+from kernopt.runtime import Buffer, Compiled, CompiledRunner, Device
+from kernopt.search_config import SearchConfig, SearchResult, SearchStats
+from kernopt.search_space import GROUP_AMTS, LOCAL_AMTS, PADTO_AMTS, TC_AXES, TC_OPT_LEVEL, UNROLL_AMTS, \
+  UPCAST_AMTS, _interleave, _upcast_size, actions, expand  # noqa: F401 (re-exported)
+from kernopt.search_workers import DISK_CACHED, RenderTask, device_spec, noop, process_pool, render_task, stop_pool, \
+  worker_knobs
+from kernopt.tuning_file import EXPORT_FORMAT, EXPORT_VERSION, TUNING_TABLE, export_cache, import_cache  # noqa: F401
 from kernopt.validation import Validator, _as_float, _reference_kernel, random_array, tolerance  # noqa: F401
 
-TUNING_TABLE = "tuning"
-EXPORT_FORMAT = "kernopt-tuning"
-EXPORT_VERSION = 1
 KEY_VERSION = 1   # bump when the meaning of a tuning entry changes
 
 # seconds a finished search waits for its workers' running builds (PoCL's can't be interrupted)
 SHUTDOWN_GRACE_S = 1.0
-
-# test hook: when set, every candidate's Program passes through it before it is compiled in this process
-_corrupt: Optional[Callable[[Kernel, Program], Program]] = None
-
-@dataclass(frozen=True)
-class SearchConfig:
-  """How a search runs. `beam` (None: the BEAM knob, else 2) candidates survive each round; the search stops when a
-  round improves the best time by less than `min_progress` (relative; with a time budget, only when `patience` + 1
-  rounds in a row do so, the last round's winners being the next beam), after `max_rounds`, or when `time_budget_s`
-  (None: unlimited) is spent, returning the best kernel found so far. Each candidate runs `repeats` times (the
-  minimum counts; more runs while they span under `min_time_s`), once when its first run is over `cutoff` times the
-  best so far. With `validate`, a candidate can only win after its outputs on seeded random inputs match the
-  unoptimized kernel's. Candidates are rendered and compiled by `executor` when given, else by a private pool of
-  `workers` processes (0: in this process)."""
-  beam: Optional[int] = None
-  time_budget_s: Optional[float] = None
-  validate: bool = True
-  repeats: int = 3
-  max_rounds: Optional[int] = None   # None: 12 without a time budget, no limit but the budget with one
-  executor: Optional[cf.Executor] = field(default=None, compare=False)
-  workers: int = 2
-  progress: bool = False   # a progress bar (tqdm when installed, else a line per round) on stderr
-  cutoff: float = 3.0
-  min_time_s: float = 0.003
-  compile_timeout_s: float = 10.0   # a candidate whose build takes longer is dropped (a CPU compiler is killed)
-  min_progress: float = 0.01
-  patience: int = 2   # with a time budget, rounds in a row that may fail to improve without ending the search
-  max_upcast_size: int = 256    # product of the upcasted axes
-  max_local_size: int = 1024    # threads in a workgroup (also capped by the dialect's max_local_size)
-  seed: int = 0
-
-  @property
-  def width(self) -> int: return self.beam if self.beam is not None else (getconfig().BEAM or 2)
-
-@dataclass
-class SearchStats:
-  """What a search did: candidates compiled, timed, validated, rejected by validation, failed to build or run,
-  pruned by device limits; rounds; wall seconds; whether the budget cut it short."""
-  compiled: int = 0
-  timed: int = 0
-  validated: int = 0
-  rejected: int = 0
-  failed: int = 0
-  pruned: int = 0
-  rounds: int = 0
-  wall_s: float = 0.0
-  out_of_budget: bool = False
-
-@dataclass(frozen=True)
-class SearchResult:
-  """The best kernel found and its time; `baseline_s` is the standard protocol's (hand-coded) time in the same
-  search (inf when the search started from a kernel that already had opts)."""
-  kernel: Kernel
-  time_s: float
-  baseline_s: float
-  validated: bool
-  stats: SearchStats
 
 # ***** Opts as plain data *****
 
@@ -108,79 +46,6 @@ def opt_from_json(x: Sequence[Any]) -> Opt:
   """[op name, axis, amt] -> Opt; raises KernelOptError on an unknown op name."""
   if len(x) != 3 or x[0] not in OptOps.__members__: raise KernelOptError(f"not a serialized Opt: {x!r}")
   return Opt(OptOps[x[0]], x[1], x[2])
-# ***** rendering and compiling, possibly in another process *****
-
-@dataclass(frozen=True)
-class _RenderTask:
-  ast: dict
-  digest: str
-  opts: tuple[Opt, ...]
-  renderer: Renderer
-  device: Optional[tuple[str, tuple]]   # (name, options) to precompile into the on-disk cache, or None
-  knobs: dict
-  keep_uops: bool
-  warm: bool = False   # launch once after compiling (PoCL builds each kernel's work-group code on first launch, into
-                       # its on-disk kernel cache, so this process's first launch is then cheap)
-
-_ast_memo: dict[str, LazyOp] = {}
-
-def _decode(ast_json: dict, digest: str) -> LazyOp:
-  if (ast := _ast_memo.get(digest)) is None:
-    if len(_ast_memo) > 64: _ast_memo.clear()
-    ast = _ast_memo[digest] = ops.ast_from_json(ast_json)
-  return ast
-
-def _render_task(task: _RenderTask) -> tuple[Optional[Program], str]:
-  """Worker side: rebuild the kernel, apply the opts, render, and precompile into the disk cache when asked.
-  Returns (Program, "") or (None, why it failed)."""
-  with config_override(**task.knobs):
-    try:
-      k = Kernel(_decode(task.ast, task.digest), opts=task.renderer)
-      for o in task.opts: k.apply_opt(o)
-      prg = k.to_program()
-      if task.device is not None:
-        runner = Device.open(task.device[0], **dict(task.device[1])).compile(prg)
-        if task.warm and not prg.vars: _warm_up(runner, prg)
-      return (prg if task.keep_uops else dataclasses.replace(prg, uops=None)), ""
-    except Exception as e:  # a codegen bug must cost one candidate, not the search
-      return None, f"{type(e).__name__}: {e}"
-
-def _noop() -> None: pass
-
-def _warm_up(runner: CompiledRunner, prg: Program) -> None:
-  """One launch on zeroed buffers of the program's sizes; a failure here is left for the timing to report."""
-  try:
-    bufs = [Buffer(runner.device.name, sym_infer(a.min_size, {}), a.dtype) for a in prg.args]
-    for b in bufs: b.copyin(np.zeros(b.size, np_dtype(b.dtype.base if isinstance(b.dtype, ImageDType) else b.dtype)))
-    runner(*bufs, wait=True)
-  except Exception: pass
-
-def _device_spec(dev: Compiled) -> Optional[tuple[str, tuple]]:
-  """(name, options) that reopen dev with Device.open in another process, or None if dev wasn't opened that way."""
-  return (dev.name, tuple(sorted(dev.options.items()))) if dev in Device.opened() else None
-
-_DISK_CACHED = ("CPU", "OPENCL")   # devices whose compile() stores the binary where another process finds it
-
-def _knobs() -> dict[str, Any]:
-  cfg = getconfig()
-  ret = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-  ret["DEBUG"] = debug.level()   # 0 in a search: its workers print nothing either
-  if not ret["CACHE_DIR"]: del ret["CACHE_DIR"]  # a remote worker keeps its own default
-  return ret
-
-def _stop_pool(pool: cf.Executor, terminate: bool) -> None:
-  """Shut down a pool the search started; with `terminate`, end its workers now: a build still running past the
-  grace period (PoCL's, inside the worker, can't be interrupted) would otherwise hold a core for seconds after the
-  search returns, and the caller's next timings would see it."""
-  workers = list((getattr(pool, "_processes", None) or {}).values()) if terminate else []
-  pool.shutdown(wait=False, cancel_futures=True)
-  for proc in workers:
-    if proc.is_alive(): proc.terminate()
-
-def _pool(workers: int) -> cf.ProcessPoolExecutor:
-  methods = multiprocessing.get_all_start_methods()
-  ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")  # never fork
-  return cf.ProcessPoolExecutor(max_workers=workers, mp_context=ctx)
 
 # ***** progress *****
 
@@ -261,15 +126,16 @@ class _Search:
   # -- build --
   def start_pool(self) -> None:
     """Start the private worker pool, if the search will have one, without waiting for its workers to come up."""
-    if self.executor is None and self.cfg.workers > 0 and self.dev.name != "PYTHON":
-      self.executor, self.own_executor = _pool(self.cfg.workers), True
-      for _ in range(self.cfg.workers): self.executor.submit(_noop)
+    if self.executor is None and self.cfg.workers > 0 and not self.dev.interprets_uops:
+      self.executor, self.own_executor = process_pool(self.cfg.workers), True
+      for _ in range(self.cfg.workers): self.executor.submit(noop)
 
   def build(self, cands: list[_Cand], force: bool = False, here: bool = False) -> list[_Cand]:
     """Render and compile cands (in workers when there are any and not `here`; compiles run in parallel either way);
     those that fail or take over compile_timeout_s are dropped."""
-    if self.executor is None and self.cfg.workers > 0 and len(cands) > 1 and self.dev.name != "PYTHON" and not here:
-      self.executor, self.own_executor = _pool(self.cfg.workers), True
+    if self.executor is None and self.cfg.workers > 0 and len(cands) > 1 and not self.dev.interprets_uops and \
+       not here:
+      self.executor, self.own_executor = process_pool(self.cfg.workers), True
     if self.executor is None or here: programs = self._render_here(cands, force)
     else:
       try: programs = self._build_remote(cands, force)
@@ -280,7 +146,6 @@ class _Search:
     ret, started = [], []
     if self.threads is None: self.threads = cf.ThreadPoolExecutor(max_workers=4, thread_name_prefix="kernopt-search")
     for c, prg, err in programs:
-      if prg is not None and _corrupt is not None: prg = _corrupt(c.kernel, prg)
       # each compile runs in a copy of this context, so config_override (CACHE_DIR, COMPILE_TIMEOUT, ...) holds there
       fut = self.threads.submit(contextvars.copy_context().run, self.dev.compile, prg) if prg is not None else None
       started.append((c, prg, err, fut))
@@ -311,12 +176,12 @@ class _Search:
     return ret
 
   def _build_remote(self, cands: list[_Cand], force: bool) -> list[tuple[_Cand, Optional[Program], str]]:
-    spec = _device_spec(self.dev) if hasattr(self.dev, "so_path") or self.dev.name in _DISK_CACHED else None
+    spec = device_spec(self.dev) if hasattr(self.dev, "so_path") or self.dev.name in DISK_CACHED else None
     # a worker's compiler is killed once it outlives the wait for it (at the latest when the budget ends)
-    knobs = {**_knobs(), "COMPILE_TIMEOUT": max(self._wait_limit(force), 0.05)}
+    knobs = {**worker_knobs(), "COMPILE_TIMEOUT": max(self._wait_limit(force), 0.05)}
     assert self.executor is not None
-    futs = {self.executor.submit(_render_task, _RenderTask(self.ast_json, self.ast_digest, c.kernel.applied_opts,
-                                                           c.kernel.opts, spec, knobs, self.dev.name == "PYTHON",
+    futs = {self.executor.submit(render_task, RenderTask(self.ast_json, self.ast_digest, c.kernel.applied_opts,
+                                                           c.kernel.opts, spec, knobs, self.dev.interprets_uops,
                                                            spec is not None and self.dev.name == "OPENCL")): c
             for c in cands}
     pending, ret = set(futs), []
@@ -394,7 +259,7 @@ class _Search:
       cf.wait(self.inflight, timeout=max(0.1, min(SHUTDOWN_GRACE_S, left)))
     busy = any(not f.done() for f in self.inflight)
     self.inflight = set()
-    if self.own_executor and self.executor is not None: _stop_pool(self.executor, terminate=busy)
+    if self.own_executor and self.executor is not None: stop_pool(self.executor, terminate=busy)
     if self.threads is not None: self.threads.shutdown(wait=False)
     self.threads = None
     self.executor, self.own_executor = None, False
@@ -441,7 +306,7 @@ class _Search:
     if not self.kernel.applied_opts:
       hc = self.kernel.copy()
       try:
-        if not hc.apply_tensor_cores(): hc.hand_coded_optimizations()
+        if not hc.apply_tensor_cores(tc_opt=TC_OPT_LEVEL): hc.hand_coded_optimizations()
         baseline = _Cand(ops.ast_digest(hc.get_optimized_ast()), hc)
         if baseline.digest in seen: baseline = start
         else: seeds.insert(0, baseline)
@@ -510,9 +375,10 @@ def search(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None, config: O
   """Beam search from kernel's current Opts (and, when it has none, also from the standard protocol's choice, so the
   result is never slower than hand-coded as measured here). Timed on `buffers` (in MemBuffer index order; their
   outputs are overwritten) or on seeded random buffers when None, on `device` (default: the buffers' device, else
-  the kernel's dialect's). var_vals default to each variable's midpoint. TC_OPT is 2 during the search. No cache."""
+  the kernel's dialect's). var_vals default to each variable's midpoint. Tensor cores are tried, and the standard
+  protocol applies them, at TC_OPT level TC_OPT_LEVEL (2), whatever the knob. No cache."""
   cfg = config if config is not None else SearchConfig()
-  with config_override(TC_OPT=2), debug.quiet():   # candidates are no kernels of the user's: no DEBUG line each
+  with debug.quiet():   # candidates are no kernels of the user's: no DEBUG line each
     res = _Search(kernel, buffers, cfg, var_vals, device).run()
   if cfg.progress is True or debug.on(1):
     st = res.stats
@@ -577,8 +443,7 @@ def search_or_cached(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None,
   first use); a miss searches and stores the result."""
   cfg = config if config is not None else SearchConfig()
   dev = _device(kernel, buffers, device)
-  with config_override(TC_OPT=2):
-    key = tuning_key(kernel, dev, cfg)
+  key = tuning_key(kernel, dev, cfg)
   entry = diskcache_get(TUNING_TABLE, key)
   if _usable(entry, cfg) and (k := _reapply(kernel, entry["opts"])) is not None:
     if not (entry.get("imported") and not entry.get("validated") and cfg.validate):
@@ -596,78 +461,6 @@ def search_or_cached(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None,
   diskcache_put(TUNING_TABLE, key, _entry(res, cfg, dev))
   return res.kernel
 
-_KEY_RE = re.compile(r"tune-[0-9a-f]{64}")
-_NUM, _BOOL, _STR = frozenset((int, float, type(None))), frozenset((bool,)), frozenset((str,))
-_FIELDS = {"validated": _BOOL, "time_s": _NUM, "baseline_s": _NUM, "searched_at": _NUM, "complete": _BOOL,
-           "budget_s": _NUM, "imported": _BOOL, "device": _STR, "kernel": _STR, "compiled": _NUM, "timed": _NUM}
-_OPT_NAMES = frozenset(OptOps.__members__)
-
-def _opt_ok(o: Any) -> bool:
-  if type(o) is not list or len(o) != 3 or type(o[0]) is not str or o[0] not in _OPT_NAMES: return False
-  return all(x is None or (type(x) is int and 0 <= x < 1 << 31) for x in (o[1], o[2]))
-
-def _clean_entry(key: Any, entry: Any) -> tuple[Optional[dict], str]:
-  """(the entry with only its known, well-typed fields, "") or (None, why it is not a tuning entry)."""
-  if type(key) is not str or not _KEY_RE.fullmatch(key): return None, f"key {str(key)[:80]!r} is not a tuning key"
-  if type(entry) is not dict: return None, f"entry {key[:16]} is a {type(entry).__name__}, not an object"
-  opts = entry.get("opts")
-  if type(opts) is not list or len(opts) > 64 or not all(map(_opt_ok, opts)):
-    return None, f"entry {key[:16]} has no list of [op, axis, amt] opts"
-  ret: dict[str, Any] = {"opts": [list(o) for o in opts]}
-  for name, types in _FIELDS.items():
-    if name in entry:
-      v = entry[name]
-      if type(v) not in types or v != v or (type(v) is str and len(v) > 4096):   # (v != v: NaN)
-        return None, f"entry {key[:16]} has a bad {name!r}: {str(v)[:40]}"
-      ret[name] = v
-  return ret, ""
-
-def _read_export(path: str) -> dict:
-  """The entries object of a file export_cache wrote; TuningCacheError for anything else."""
-  try:
-    with open(path, "rb") as f: data = json.loads(f.read().decode("utf-8"))
-  except OSError as e: raise TuningCacheError(f"cannot read tuning cache {path}: {e.strerror or e}") from None
-  except RecursionError: raise TuningCacheError(f"{path} is not a tuning cache: nested too deeply") from None
-  except ValueError as e: raise TuningCacheError(f"{path} is not a tuning cache: not UTF-8 JSON ({e})") from None
-  if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT or data.get("version") != EXPORT_VERSION:
-    raise TuningCacheError(f"{path} is not a kernopt tuning export (format {EXPORT_FORMAT!r}, version "
-                           f"{EXPORT_VERSION}); its top level is a {type(data).__name__}")
-  if not isinstance(entries := data.get("entries", {}), dict):
-    raise TuningCacheError(f"{path}: 'entries' is a {type(entries).__name__}, not an object")
-  return entries
-
-def export_cache(path: str) -> int:
-  """Write every tuning entry to one JSON file {"format", "version", "entries": {key: entry}} (atomically); returns
-  the count. TuningCacheError when the file can't be written."""
-  entries = {k: e for k, v in diskcache_items(TUNING_TABLE) if (e := _clean_entry(k, v)[0]) is not None}
-  tmp = f"{path}.{os.getpid()}.tmp"
-  try:
-    with open(tmp, "w") as f:
-      f.write(json.dumps({"format": EXPORT_FORMAT, "version": EXPORT_VERSION, "entries": entries}, sort_keys=True))
-    os.replace(tmp, path)
-  except OSError as e:
-    with contextlib.suppress(OSError): os.unlink(tmp)
-    raise TuningCacheError(f"cannot write tuning cache {path}: {e.strerror or e}") from None
-  return len(entries)
-
-def import_cache(path: str) -> int:
-  """Merge a file written by export_cache into this cache in one transaction, each entry marked imported (validated
-  on first use); a local validated entry is kept. Entries that are not tuning entries are skipped, with one
-  RuntimeWarning counting them. Returns the number of entries taken; TuningCacheError for a file that is not a
-  tuning cache."""
-  clean, bad = {}, []
-  for key, entry in _read_export(path).items():
-    e, why = _clean_entry(key, entry)
-    if e is None: bad.append(why)
-    else: clean[key] = e
-  old = diskcache_get_many(TUNING_TABLE, list(clean))
-  take = [(k, {**e, "imported": True, "validated": False}) for k, e in clean.items()
-          if not (isinstance(o := old.get(k), dict) and o.get("validated") and not o.get("imported"))]
-  if bad:
-    warnings.warn(f"import_cache {path}: skipped {len(bad)} malformed entr{'y' if len(bad) == 1 else 'ies'} "
-                  f"(first: {bad[0]})", RuntimeWarning, stacklevel=2)
-  return diskcache_put_many(TUNING_TABLE, take, plain=True)
-
 # ***** many kernels, possibly on a cluster *****
 
 def _tune_task(ast_json: dict, device: str, device_options: tuple, cfg: SearchConfig,
@@ -677,8 +470,7 @@ def _tune_task(ast_json: dict, device: str, device_options: tuple, cfg: SearchCo
     dev = Device.open(device, **dict(device_options))
     k = Kernel(ops.ast_from_json(ast_json), opts=dev.renderer)
     res = search(k, None, cfg, None, dev)
-    with config_override(TC_OPT=2):
-      key = tuning_key(k, dev, cfg)
+    key = tuning_key(k, dev, cfg)
     entry = _entry(res, cfg, dev)
     diskcache_put(TUNING_TABLE, key, entry)
     return ops.ast_digest(k.ast), key, entry
@@ -697,12 +489,11 @@ def tune_all(asts: Iterable[LazyOp], device: str = "CPU", executor: Optional[cf.
   todo = []
   for ast in asts:
     k = Kernel(ast, opts=dev.renderer)
-    with config_override(TC_OPT=2):
-      entry = diskcache_get(TUNING_TABLE, tuning_key(k, dev, cfg))
+    entry = diskcache_get(TUNING_TABLE, tuning_key(k, dev, cfg))
     if _usable(entry, cfg) and _reapply(k, entry["opts"]) is not None:
       ret[ops.ast_digest(ast)] = [opt_from_json(o) for o in entry["opts"]]
     else: todo.append(ast)
-  tasks = [(ops.ast_to_json(ast), dev.name, opts_t, cfg, _knobs()) for ast in todo]
+  tasks = [(ops.ast_to_json(ast), dev.name, opts_t, cfg, worker_knobs()) for ast in todo]
   if executor is None: results = [_tune_task(*t) for t in tasks]
   else: results = [f.result() for f in [executor.submit(_tune_task, *t) for t in tasks]]
   for digest, key, entry in results:

@@ -3,6 +3,7 @@ estimates work from a linearized list. Imports dtype, errors, ops and shape/symb
 from __future__ import annotations
 import itertools
 import sys
+from dataclasses import dataclass
 from enum import Enum, auto
 from typing import Any, Optional
 from kernopt.dtype import DType, dtypes
@@ -20,10 +21,12 @@ class UOps(Enum):
                 arg: (initial value, accumulator number): the number keeps interned accumulators distinct
   SPECIAL       src: -                        dtype: int32   arg: (dim, name, size): name "gidx<d>" or "lidx<d>"
   RANGE         src: (start, end)             dtype: the index dtype (int32, or int64)  arg: (axis, is_reduce)
+                (+ the lowerer's copy number of a reduce axis it loops again; + a pass's loop mark, last:
+                Mark.PARALLEL or a ReduceBlock)
   ENDRANGE      src: (RANGE,)                 (only in linearized lists)
   CONST         src: -                        arg: the Python value (already of dtype's kind)
   LOAD          src: (buf, idx) | (buf, idx, valid, alt) | (buf, idx, BARRIER)   dtype: may be a vector
-  STORE         src: (buf, idx, value) | (buf, idx, value, valid)               dtype: -
+  STORE         src: (buf, idx, value) | (buf, idx, value, valid)   dtype: -   arg: None | Mark.NONTEMPORAL
   ALU           src: operands                 arg: a UnaryOps/BinaryOps/TernaryOps member (not CAST/BITCAST)
   CAST          src: (x,)                     dtype: target (value conversion)
   BITCAST       src: (x,)                     dtype: target of the same size (bit reinterpretation)
@@ -100,6 +103,25 @@ class UOp:
                     (src[0].dtype if op is TernaryOps.WHERE else self.dtype))
     return UOp(UOps.ALU, out, (self,) + src, op)
   def cast(self, dtype: DType) -> UOp: return self if self.dtype == dtype else UOp(UOps.CAST, dtype, (self,))
+
+class Mark(Enum):
+  """What a pass (kernopt/passes) decided for the renderer to spell, carried in the UOp's arg."""
+  PARALLEL = auto()      # RANGE (last arg field): its iterations are split across the CPU's threads
+  NONTEMPORAL = auto()   # STORE: written past the caches; the kernel fences such stores before it returns
+
+Mark.__hash__ = object.__hash__  # type: ignore[method-assign]  # singletons, as UOps
+
+@dataclass(frozen=True)
+class ReduceBlock:
+  """The last arg field of a block loop: reduce RANGE `of` runs `steps` iterations from block*steps each iteration
+  (kernopt/passes/reduce_blocking)."""
+  of: UOp
+  steps: int
+
+def loop_mark(rng: UOp) -> Any:
+  """The pass mark a RANGE carries (Mark.PARALLEL or a ReduceBlock), None when it has none."""
+  arg = rng.arg
+  return arg[-1] if len(arg) > 2 and isinstance(arg[-1], (Mark, ReduceBlock)) else None
 
 _set_op, _set_dtype, _set_src, _set_arg = (getattr(UOp, f).__set__ for f in ("op", "dtype", "src", "arg"))
 _interned: dict[tuple, UOp] = {}
@@ -211,4 +233,4 @@ def _sym(u: UOp) -> Any:
 
 _SYM_OPS = {BinaryOps.ADD: lambda a, b: a + b, BinaryOps.MUL: lambda a, b: a * b, BinaryOps.IDIV: lambda a, b: a // b}
 
-__all__ = ["UOps", "UOp", "flops_mem", "UnaryOps"]
+__all__ = ["UOps", "UOp", "Mark", "ReduceBlock", "loop_mark", "flops_mem", "UnaryOps"]

@@ -1,5 +1,5 @@
 """Validation of a search's candidates: seeded random buffers, the unoptimized kernel's outputs on them, and the
-per-dtype tolerance a candidate's outputs must meet. Uses numpy and kernopt.runtime."""
+per-dtype tolerance a candidate's outputs must meet. Imports dtype, errors, kernel, runtime and shape/; numpy too."""
 from __future__ import annotations
 import math
 from typing import Optional, Sequence

@@ -10,3 +10,19 @@ _cache = tempfile.mkdtemp(prefix="kernopt-test-cache-")
 os.environ["XDG_CACHE_HOME"] = _cache
 atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import collections  # noqa: E402
+import pytest  # noqa: E402
+
+@pytest.fixture
+def compiler_runs(monkeypatch):
+  """A Counter of the compiler processes the CPU device starts during the test, by purpose ("compile", "probe"): what
+  proves a cache hit, or that a refused argument never reached the compiler."""
+  from kernopt.runtime import cpu
+  runs: collections.Counter = collections.Counter()
+  run = cpu._run
+  def counting(cmd, purpose, *args, **kwargs):
+    runs[purpose] += 1
+    return run(cmd, purpose, *args, **kwargs)
+  monkeypatch.setattr(cpu, "_run", counting)
+  return runs

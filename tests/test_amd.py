@@ -42,12 +42,9 @@ def test_half_out_wmma_helper_packs_low_halves():
   h16, h8 = dtypes.half.vec(16), dtypes.half.vec(8)
   arg = WMMAArg("WMMA_16_16_16_half_half", (16, 16, 16), dtypes.half, dtypes.half, (16, 16, 8), "AMD", (0, 0, 0), ())
   srcs = tuple(UOp(UOps.DEFINE_ACC, d, (), (0.0, i)) for i, d in enumerate((h16, h16, h8)))
-  import kernopt.renderers.cstyle as cs
-  cs._state.helpers = {}
-  try:
-    call = r.render_wmma(UOp(UOps.WMMA, h8, srcs, arg), ["a", "b", "c"])
-    helpers = "\n".join(cs._state.helpers.values())
-  finally: cs._state.helpers = None
+  from kernopt.renderers.cstyle import RenderContext, rendering
+  with rendering(RenderContext()) as ctx: call = r.render_wmma(UOp(UOps.WMMA, h8, srcs, arg), ["a", "b", "c"])
+  helpers = "\n".join(ctx.helpers.values())
   assert call == "ko_wmma_f16_16x16x16_f16(a, b, c)"
   assert "__builtin_amdgcn_wmma_f16_16x16x16_f16_w32(a, b, w, false)" in helpers and "w[2 * i] = c[i]" in helpers
 

@@ -35,7 +35,7 @@ def built(dev, prg) -> str:
   return dev._build(prg.src, path, prg.name)
 
 @pytest.mark.parametrize("damage", ["truncated", "random", "empty", "swapped", "missing record"])
-def test_a_damaged_binary_is_rebuilt(tmp_path, damage):
+def test_a_damaged_binary_is_rebuilt(tmp_path, damage, compiler_runs):
   with config_override(CACHE_DIR=str(tmp_path)):
     dev = cpu.CPUDevice()
     prg = scale_program(f"scale_{damage.replace(' ', '_')}", 3.0)
@@ -48,23 +48,23 @@ def test_a_damaged_binary_is_rebuilt(tmp_path, damage):
       data = open(built(dev, scale_program(prg.name, 5.0)), "rb").read()
     elif damage == "missing record": helpers.diskcache_put("cpu_binary", os.path.basename(path), None)
     with open(path, "wb") as f: f.write(data)
-    before = cpu.compiler_calls["compile"]
+    before = compiler_runs["compile"]
     np.testing.assert_array_equal(run_scale(dev, prg), np.arange(16, dtype=np.float32) * 3)
-    assert cpu.compiler_calls["compile"] == before + 1
+    assert compiler_runs["compile"] == before + 1
     assert helpers.verified_binary("cpu_binary", path, prg.src) is not None
     np.testing.assert_array_equal(run_scale(cpu.CPUDevice(), prg), np.arange(16, dtype=np.float32) * 3)
-    assert cpu.compiler_calls["compile"] == before + 1, "the rebuilt binary is a cache hit"
+    assert compiler_runs["compile"] == before + 1, "the rebuilt binary is a cache hit"
 
-def test_a_binary_that_never_loads_is_a_compile_error(tmp_path, monkeypatch):
+def test_a_binary_that_never_loads_is_a_compile_error(tmp_path, monkeypatch, compiler_runs):
   """A verified binary that fails to load is rebuilt once; the rebuilt one failing too is a CompileError."""
   with config_override(CACHE_DIR=str(tmp_path)):
     dev, prg = cpu.CPUDevice(), scale_program("scale_noload", 2.0)
     built(dev, prg)
     def refuse(path): raise OSError(f"{path}: cannot open shared object file")
     monkeypatch.setattr(cpu.ctypes, "CDLL", refuse)
-    before = cpu.compiler_calls["compile"]
+    before = compiler_runs["compile"]
     with pytest.raises(CompileError, match="does not load"): dev.compile(prg)
-    assert cpu.compiler_calls["compile"] == before + 1
+    assert compiler_runs["compile"] == before + 1
 
 def test_a_binary_planted_in_an_open_directory_is_never_loaded(tmp_path):
   with config_override(CACHE_DIR=str(tmp_path)):
@@ -131,7 +131,7 @@ def test_kill_9_mid_compile_leaves_no_tmp_after_the_next_write(tmp_path):
   with config_override(CACHE_DIR=str(cache)): run_scale(cpu.CPUDevice(), scale_program("scale_after_kill", 2.0))
   assert not [n for n in os.listdir(folder) if n.endswith(".tmp")]
 
-def test_probe_and_binary_keys_name_the_host_cpu(tmp_path, monkeypatch):
+def test_probe_and_binary_keys_name_the_host_cpu(tmp_path, monkeypatch, compiler_runs):
   ident = cpu.host_cpu_id()
   assert len(ident) == 16 and int(ident, 16) >= 0 and cpu.host_cpu_id.__wrapped__() == ident
   with config_override(CACHE_DIR=str(tmp_path)):
@@ -139,15 +139,15 @@ def test_probe_and_binary_keys_name_the_host_cpu(tmp_path, monkeypatch):
     cc, path = dev.cc, dev.so_path(scale_program().src)
     cpu.toolchain.cache_clear()
     cpu.toolchain(cc)
-    probes = cpu.compiler_calls["probe"]
+    probes = compiler_runs["probe"]
     cpu.toolchain.cache_clear()
     cpu.toolchain(cc)
-    assert cpu.compiler_calls["probe"] == probes, "the same host: a disk cache hit"
+    assert compiler_runs["probe"] == probes, "the same host: a disk cache hit"
     monkeypatch.setattr(cpu, "host_cpu_id", lambda: "another-cpu-0001")
     try:
       cpu.toolchain.cache_clear()
       cpu.toolchain(cc)
-      assert cpu.compiler_calls["probe"] > probes, "another CPU probes again"
+      assert compiler_runs["probe"] > probes, "another CPU probes again"
       assert dev.so_path(scale_program().src) != path
     finally: cpu.toolchain.cache_clear()
 

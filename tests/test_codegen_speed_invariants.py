@@ -3,6 +3,7 @@ render_const (with its preamble helpers), and order_uops placing every UOp after
 import math
 import os
 import sys
+from dataclasses import replace
 import pytest
 from kernopt.dtype import dtypes
 from kernopt.kernel import Kernel
@@ -43,7 +44,7 @@ def test_const_memo_registers_helpers_again_on_every_render():
 def test_const_memo_follows_a_rebound_attribute():
   r = OpenCLRenderer()
   before = r.render("k", _half_kernel())
-  r.has_fp16 = True
+  r.caps = replace(r.caps, has_fp16=True)
   r.storage_floats = frozenset((dtypes.bfloat16,))
   want = OpenCLRenderer(has_fp16=True).render("k", _half_kernel())
   assert r.render("k", _half_kernel()) == want != before

@@ -6,6 +6,7 @@ import threading
 import pytest
 import catalogue
 from kernopt import search as S
+from kernopt import search_workers as W
 from kernopt.helpers import config_override, getconfig
 from kernopt.kernel import Kernel
 from kernopt.runtime import Device, cpu
@@ -53,12 +54,12 @@ def test_a_worker_process_gets_the_knobs_explicitly(tmp_path):
   dev = Device.open("CPU", threads=1, extra_flags=("-DKERNOPT_CONFIG_THREADS_C=1",))
   k = Kernel(catalogue.get("add").ast, opts=dev.renderer)
   with config_override(CACHE_DIR=str(tmp_path), COMPILE_TIMEOUT=30.0):
-    knobs = S._knobs()
+    knobs = W.worker_knobs()
     assert knobs["CACHE_DIR"] == str(tmp_path) and knobs["COMPILE_TIMEOUT"] == 30.0
   from kernopt import ops
-  task = S._RenderTask(ops.ast_to_json(k.ast), ops.ast_digest(k.ast), (), k.opts, S._device_spec(dev), knobs, False)
-  pool = S._pool(1)
-  try: prg, err = pool.submit(S._render_task, task).result(timeout=120)
+  task = W.RenderTask(ops.ast_to_json(k.ast), ops.ast_digest(k.ast), (), k.opts, W.device_spec(dev), knobs, False)
+  pool = W.process_pool(1)
+  try: prg, err = pool.submit(W.render_task, task).result(timeout=120)
   finally: pool.shutdown()
   assert prg is not None, err
   assert len(_binaries(tmp_path / "cpu")) == 1   # the worker (a fresh process) built into the caller's CACHE_DIR

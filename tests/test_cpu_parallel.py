@@ -67,14 +67,14 @@ def test_no_parallel_loop_without_global_loops():
   assert "#pragma omp" not in src
 
 def test_no_parallel_loop_when_an_accumulator_is_outside():
-  r = NativeCRenderer(threads=2, min_parallel_work=0)
+  from kernopt.passes.parallel import parallel_loop
   zero, four = UOp.const(dtypes.int32, 0), UOp.const(dtypes.int32, 4)
   rng = UOp(UOps.RANGE, dtypes.int32, (zero, four), (0, False))
   acc = UOp(UOps.DEFINE_ACC, dtypes.float32, (rng,), (0.0, 0))
-  assert r.parallel_loop([zero, four, rng, UOp(UOps.ENDRANGE, None, (rng,))]) is rng
-  assert r.parallel_loop([zero, four, acc, rng, UOp(UOps.ENDRANGE, None, (rng,))]) is None
+  assert parallel_loop([zero, four, rng, UOp(UOps.ENDRANGE, None, (rng,))]) is rng
+  assert parallel_loop([zero, four, acc, rng, UOp(UOps.ENDRANGE, None, (rng,))]) is None
   red = UOp(UOps.RANGE, dtypes.int32, (zero, four), (0, True))
-  assert r.parallel_loop([zero, four, red, UOp(UOps.ENDRANGE, None, (red,))]) is None
+  assert parallel_loop([zero, four, red, UOp(UOps.ENDRANGE, None, (red,))]) is None
 
 def test_fewer_iterations_than_threads():
   """An outer loop of 2 iterations on 5 threads: idle workers, every element written once."""
@@ -128,21 +128,21 @@ def test_short_outer_loop_collapsed_with_the_next():
 
 def test_collapse_rules():
   """Only a non-reduce loop with constant bounds, nested right inside the parallel loop, and never a reduce block."""
-  from kernopt.renderers.native import block_reduce, interchange_outer_loops
-  from kernopt.renderers.vectorize import pack_lanes
-  r = NativeCRenderer(threads=2, min_parallel_work=0)
+  from kernopt.renderers.native import collapsed_loop, native_context
+  from kernopt.uops import Mark
+  r = NativeCRenderer(vector_width=8, threads=2, min_parallel_work=0)
   zero, four = UOp.const(dtypes.int32, 0), UOp.const(dtypes.int32, 4)
   outer = UOp(UOps.RANGE, dtypes.int32, (zero, four), (0, False))
   inner = UOp(UOps.RANGE, dtypes.int32, (zero, four), (1, False))
   red = UOp(UOps.RANGE, dtypes.int32, (zero, four), (1, True))
   def nest(i: UOp) -> list[UOp]:
     return [zero, four, outer, i, UOp(UOps.ENDRANGE, None, (i,)), UOp(UOps.ENDRANGE, None, (outer,))]
-  assert r.collapsed_loop(nest(inner), outer) is inner
-  assert r.collapsed_loop(nest(red), outer) is None
-  assert NativeCRenderer(threads=2, parallel="openmp").collapsed_loop(nest(inner), outer) is None
+  assert collapsed_loop(nest(inner), outer) is inner
+  assert collapsed_loop(nest(red), outer) is None
+  par = UOp(UOps.RANGE, dtypes.int32, (zero, four), (0, False, Mark.PARALLEL))
+  marked = [zero, four, par, inner, UOp(UOps.ENDRANGE, None, (inner,)), UOp(UOps.ENDRANGE, None, (par,))]
+  assert native_context(marked, "pthread").inner is inner and native_context(marked, "openmp").inner is None
   case = get("matmul_1024", "large")
   k = Kernel(case.ast, opts=r).required_optimizations().hand_coded_optimizations()
-  uops, info = block_reduce(pack_lanes(interchange_outer_loops(k.linearize().uops), 8), 256)
-  assert info is not None
-  r._blocked = info
-  assert r.collapsed_loop(uops, uops[next(i for i, u in enumerate(uops) if u.op is UOps.RANGE)]) is None
+  ctx = native_context(k.linearize().uops, "pthread")   # the passes split its reduce into blocks
+  assert ctx.loop is not None and ctx.blocks and ctx.inner is None

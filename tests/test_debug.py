@@ -135,7 +135,8 @@ def test_debug_3_to_6_on_stderr(capsys):
   assert prg.src in err                              # the source
   for i, u in enumerate(prg.uops): assert f"{i:4d} {u}" in err   # the UOps
   steps = dict(re.findall(r"step\s+(\w+)\s+(\d+) uops", err))
-  assert set(steps) >= {"ast", "lower", "linearize", "render"} and int(steps["linearize"]) == len(prg.uops)
+  # one step line per pass between linearize and render; what render spells is Program.uops
+  assert set(steps) >= {"ast", "lower", "linearize", "vectorize", "render"} and int(steps["render"]) == len(prg.uops)
 
 class _Tty(io.StringIO):
   def isatty(self) -> bool: return True

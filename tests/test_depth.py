@@ -10,6 +10,9 @@ PYTHON emulating each dialect, OPENCL when present), with no opts and with the s
 from __future__ import annotations
 import io
 import os
+import signal
+import subprocess
+import sys
 import threading
 from typing import Any, Callable
 import numpy as np
@@ -256,9 +259,32 @@ def _devices() -> list[tuple[str, Any]]:
 def test_every_chain_on_every_device(kind, optimize):
   ast, oracle = chain(kind)
   for name, dev in _devices():
-    # PoCL builds in the calling thread and its LLVM recurses per level of the expression: a 512 KiB stack overflows
-    # there (a driver limit, not kernopt's), so OPENCL runs on the main thread's stack
-    run = (lambda f: f()) if name == "OPENCL" else in_small_thread
-    try: run(lambda: check_run(kind, ast, oracle, dev, optimize))
+    try: in_small_thread(lambda: check_run(kind, ast, oracle, dev, optimize))
     except UnsupportedError as e:
       assert kind == "mixed_float" and "METAL" in name and "half" in str(e), f"{name}: {e}"
+
+_POCL_DEEP = """
+import sys
+sys.path.insert(0, {tests!r})
+import test_depth as T
+from kernopt.runtime import Device
+from kernopt.runtime import opencl
+if {off!r}: opencl.on_build_stack = lambda fn: fn()
+ast, oracle = T.chain("mixed_int")
+T.in_small_thread(lambda: T.check_run("mixed_int", ast, oracle, Device["OPENCL"], False))
+print("matched")
+"""
+
+def test_opencl_builds_a_deep_kernel_called_from_a_small_stack_thread():
+  """PoCL's LLVM recurses once per expression level while it builds: kernopt builds on a thread of its own with a
+  large stack, so a framework's 512 KiB worker thread gets numbers, not a segfault (which the same run shows with
+  the build moved back onto the caller's thread). Both caches are off, so the build really happens."""
+  if "OPENCL" not in Device.available(): pytest.skip("no OpenCL device")
+  env = dict(os.environ, DISABLE_CACHE="1", POCL_KERNEL_CACHE="0", DEPTH_N="10000")
+  def run(off: bool) -> subprocess.CompletedProcess:
+    code = _POCL_DEEP.format(tests=os.path.dirname(os.path.abspath(__file__)), off=off)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+  good = run(False)
+  assert good.returncode == 0 and "matched" in good.stdout, good.stderr[-2000:]
+  if ALL:   # the control: the same build on the caller's small stack crashes the process
+    assert run(True).returncode == -signal.SIGSEGV

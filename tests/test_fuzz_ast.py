@@ -5,7 +5,8 @@ compared with tests/ast_oracle.py's independent numpy evaluation (exact for ints
 a dtype tolerance scaled by the largest intermediate otherwise). Kernels run in a persistent worker process that is
 restarted after a crash, so a crash is a reported failure. A failure is shrunk and saved under tests/regressions/
 (replayed by test_regressions). FUZZ_AST_N (ASTs in all, default 32 over 4 seeds), FUZZ_AST_MAX_S
-(a time limit per test), FUZZ_AST_SEED (default 0),
+(a time limit per test), FUZZ_AST_SEED (default 0), FUZZ_AST_START (the first case index of each chunk, default 0: runs
+with the same seed and disjoint [START, START+N/4) ranges add up to one longer run),
 FUZZ_AST_STATS (a folder: each test writes its counters there as JSON) scale it; `-s` prints the coverage tables."""
 from __future__ import annotations
 import json
@@ -42,6 +43,7 @@ from kernopt.shape.view import View  # noqa: E402
 FUZZ_AST_N = int(os.environ.get("FUZZ_AST_N", "32"))
 FUZZ_AST_MAX_S = float(os.environ.get("FUZZ_AST_MAX_S", "0")) or None   # stop each test after this long
 FUZZ_AST_SEED = int(os.environ.get("FUZZ_AST_SEED", "0"))
+FUZZ_AST_START = int(os.environ.get("FUZZ_AST_START", "0"))
 CHUNKS = 4
 REGRESSIONS = os.path.join(_HERE, "regressions")
 SENTINEL_BYTE = 0x7B
@@ -1034,6 +1036,7 @@ def run_case(worker: Worker, case: Case, index: int, stats: Stats, opencl: bool,
   return fails
 
 def run_fuzz(n: int, seed: int, old_signature: bool = False, shrink_limit: int = 2, save: bool = True,
+             start: int = 0,
              only: Optional[list[tuple[str, dict]]] = None,
              max_s: Optional[float] = None) -> tuple[Stats, list[Failure], list[str]]:
   """n generated cases of seed on every device; returns stats, failures and the regression files written."""
@@ -1043,7 +1046,7 @@ def run_fuzz(n: int, seed: int, old_signature: bool = False, shrink_limit: int =
   t0 = time.time()
   seen_kinds: Counter = Counter()
   try:
-    for i in range(n):
+    for i in range(start, start + n):
       if max_s is not None and time.time() - t0 > max_s: break
       case = generate_case(seed, i)
       stats.asts += 1
@@ -1228,11 +1231,11 @@ if __name__ != "__main__":
   def test_fuzz_ast(chunk: int, record_property: Any) -> None:
     _need_cc()
     seed = FUZZ_AST_SEED * 1000 + chunk
-    stats, fails, saved = run_fuzz(_chunk_n(chunk), seed, max_s=FUZZ_AST_MAX_S)
+    stats, fails, saved = run_fuzz(_chunk_n(chunk), seed, start=FUZZ_AST_START, max_s=FUZZ_AST_MAX_S)
     table = stats.table()
     print("\n" + table)
     record_property("coverage", table)
-    _write_stats(stats, f"chunk{chunk}-seed{seed}")
+    _write_stats(stats, f"chunk{chunk}-seed{seed}-start{FUZZ_AST_START}")   # cases [start, start + asts)
     assert not fails, f"{len(fails)} failures (regressions saved: {saved}):\n" + "\n".join(str(f) for f in fails[:8])
 
   def test_generated_asts_verify_and_round_trip() -> None:

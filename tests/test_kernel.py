@@ -1,9 +1,12 @@
 """Kernel construction, validation and the standard protocol's choices on realistic ASTs for each static dialect.
 Every expectation below was worked by hand from the spec's rules (the comment beside it says which); nothing runs."""
+from dataclasses import replace
 import pytest
 from catalogue import alu, buf, kernel, reduce, store, view
 from kernopt.dtype import dtypes
 from kernopt.errors import UnsupportedError, VerifyError
+from kernopt import refusals
+from kernopt.heuristics_registry import register_heuristics
 from kernopt.helpers import ansilen, ansistrip, config_override
 from kernopt.kernel import Kernel, Opt, OptOps
 from kernopt.ops import BinaryOps, BufferOps, KernelInfo, LazyOp, MemBuffer, ReduceOps, UnaryOps
@@ -221,6 +224,44 @@ def test_nested_reduce_is_one_kernel():  # issue 17: tests/test_fusion.py runs s
   k = Kernel(kernel(store(reduce(ReduceOps.MAX, alu(BinaryOps.ADD, inner, buf(2, (16, 1))), (0,)))),
              opts=get_renderer("CPU"))
   assert len(k.reduceops) == 2 and k.full_shape == (16, 32) and k.first_reduce == 0
+
+def test_an_ast_to_optimize_holds_nothing_only_opts_make():
+  # a GROUPTOP's local buffer and a tensor core's WMMA appear in optimized ASTs only; kernopt.check says the same
+  grouped = Kernel(sum_axis(1), opts=get_renderer("OPENCL")).apply_opt(Opt(GT, 0, 16)).get_optimized_ast()
+  with pytest.raises(VerifyError, match="local buffer"): Kernel(grouped, opts=get_renderer("OPENCL"))
+  tc = Kernel(matmul(1024, 1024, 1024, dtypes.half), opts=get_renderer("CUDA"))
+  assert tc.apply_tensor_cores(1)
+  with pytest.raises(UnsupportedError, match="WMMA"): Kernel(tc.get_optimized_ast(), opts=get_renderer("CUDA"))
+  assert len(refusals.check(grouped)) == 1 and "local buffer" in refusals.check(grouped)[0]
+
+def test_snapshot_and_restore_undo_opts_and_their_decisions():
+  k = Kernel(matmul(64, 64, 64), opts=get_renderer("OPENCL"))
+  before = k.snapshot()
+  k.hand_coded_optimizations()
+  assert k.applied_opts and k.trace and k.full_shape != (64, 64, 64)
+  k.restore(before)
+  assert k.applied_opts == () and k.trace == () and k.full_shape == (64, 64, 64) and k.upcasted == k.local_dims == 0
+  assert k.get_optimized_ast() == Kernel(matmul(64, 64, 64), opts=get_renderer("OPENCL")).get_optimized_ast()
+  assert k.hand_coded_optimizations().applied_opts == protocol(matmul(64, 64, 64), "OPENCL").applied_opts
+
+def test_real_axis_counts_unroll_from_the_reduce_and_group_from_its_ungrouped_part():
+  k = Kernel(matvec(), opts=get_renderer("OPENCL"))  # full shape (4096, 4096), first_reduce 1
+  assert [k.real_axis(o) for o in (Opt(U, 0, 4), Opt(UN, 0, 4), Opt(G, 0, 8), Opt(NL))] == [0, 1, 1, -1]
+  k.apply_opt(Opt(G, 0, 8))  # (4096, 8, 512): axis 1 is grouped, so GROUP's axis 0 is now the 512
+  assert k.full_shape == (4096, 8, 512) and k.real_axis(Opt(G, 0, 4)) == 2 and k.real_axis(Opt(UN, 0, 4)) == 1
+
+def test_hand_coded_runs_the_renderers_registered_profile_then_the_spec_rules():
+  seen = []
+  def declines(k):  # a profile that looks and chooses nothing: the spec's rules decide
+    seen.append(k.full_shape)
+    return False
+  register_heuristics("test_declines", declines)
+  r = get_renderer("OPENCL")
+  r.caps = replace(r.caps, heuristics="test_declines")
+  assert Kernel(ew_add(), opts=r).hand_coded_optimizations().applied_opts == protocol(ew_add(), "OPENCL").applied_opts
+  assert seen == [(1024 * 1024,)]  # called once, on the kernel (its two contiguous axes merged)
+  r.caps = replace(r.caps, heuristics="no_such_profile")
+  with pytest.raises(UnsupportedError, match="no_such_profile"): Kernel(ew_add(), opts=r).hand_coded_optimizations()
 
 def test_permute_reduce_axes_last_and_bufs_order():
   k = Kernel(sum_axis(1), opts=get_renderer("CPU"))

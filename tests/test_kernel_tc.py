@@ -1,5 +1,6 @@
 """Tensor cores: matching (dtypes, TC_OPT levels, padding), each vendor's warp layout worked by hand from the spec's
 sequences, the WMMA op of the optimized AST, USE_TC=2, and all-or-nothing failure."""
+from dataclasses import replace
 import pytest
 from test_kernel import L, U, check, matmul, protocol, ew_add
 from kernopt.dtype import dtypes
@@ -123,6 +124,18 @@ def test_tc_opt_through_apply_opt_and_replay():
   for o in done.applied_opts: replay.apply_opt(o)
   assert replay.sts == done.sts and ansistrip(replay.name) == ansistrip(done.name)
   assert replay.get_optimized_ast() == done.get_optimized_ast()
+
+def test_the_dialects_tensor_core_data_drives_the_shaping():
+  # METAL's Opt sequence (UNROLL K 8, UPCAST N 2, LOCAL N 2, M 4, N 2, M 2) is data on its TensorCore: without it,
+  # or without its layout, the kernel has no vendor knowledge to fall back on and refuses, untouched
+  for change in ({"opts": ()}, {"layout": None}):
+    r = get_renderer("METAL")
+    r.caps = replace(r.caps, tensor_cores=tuple(replace(tc, **change) for tc in r.caps.tensor_cores))
+    k = Kernel(FLOAT(), opts=r)
+    before = state(k)
+    assert not k.apply_tensor_cores() and state(k) == before
+    last = k.explain().decisions[-1]
+    assert last.rule == "tc.refused" and "no Opt sequence or layout" in last.reason
 
 def test_tc_never_from_hand_coded():
   k = Kernel(FLOAT(), opts=get_renderer("METAL")).hand_coded_optimizations()

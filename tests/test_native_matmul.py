@@ -1,15 +1,16 @@
 """The native profile's matmul machinery beyond the register tile: float32 sums of products accumulated in one
-rounding (MULACC, `fused_accumulate`) and the B panel packed into a contiguous stack buffer (`pack_panel`). Fused
+rounding (MULACC, `fused_accumulate`) and the B panel packed into a contiguous stack buffer (`panel_packing`). Fused
 lanes must equal the scalar fmaf bit for bit; the panel must not change a single bit; both against numpy too."""
 import platform
+from dataclasses import replace
 import numpy as np
 import pytest
 from catalogue import get
 from kernopt.kernel import Kernel, Opt, OptOps
 from kernopt.ops import BinaryOps, TernaryOps
 from kernopt.renderers.cstyle import CRenderer
-from kernopt.renderers.native import NativeCRenderer, host_has_fma, interchange_outer_loops, pack_panel
-from kernopt.renderers.vectorize import pack_lanes
+from kernopt.passes import interchange, panel_packing, vectorize
+from kernopt.renderers.native import NativeCRenderer, host_has_fma
 from kernopt.runtime import Buffer, Device, cpu
 from kernopt.uops import UOps
 
@@ -69,7 +70,7 @@ def test_fused_vector_lanes_equal_scalar_fmaf():
   case = get("matmul_64")
   opts = [Opt(OptOps.UPCAST, 1, 8), Opt(OptOps.UPCAST, 0, 4)]
   scalar = CRenderer()
-  scalar.fused_accumulate = True
+  scalar.caps = replace(scalar.caps, fused_accumulate=True)
   outs = []
   for r, dev in ((NativeCRenderer(vector_width=8, threads=1, fused_accumulate=True), Device.open("CPU", threads=1)),
                  (scalar, Device.open("CPU", profile="static"))):
@@ -92,7 +93,7 @@ def test_panel_keeps_every_bit(name, scale, block, threads):
   res = []
   for panel in (1 << 15, 0):
     r = NativeCRenderer(vector_width=8, threads=threads, min_parallel_work=0)
-    r.reduce_block, r.panel_elements = block, panel
+    r.caps = replace(r.caps, reduce_block=block, panel_elements=panel)
     prg = protocol(case.ast, r).to_program()
     assert ("panel" in prg.src) is bool(panel)
     res.append(run(case, prg, dev))
@@ -102,11 +103,11 @@ def test_panel_keeps_every_bit(name, scale, block, threads):
 
 def _tile_uops(name, scale="small"):
   r = NativeCRenderer(vector_width=8, threads=1)
-  return pack_lanes(interchange_outer_loops(protocol(get(name, scale).ast, r).linearize().uops), 8)
+  return vectorize(interchange(protocol(get(name, scale).ast, r).linearize().lowered_uops), 8)
 
 def test_panel_copies_b_and_reads_it_in_the_reduce():
   uops = _tile_uops("matmul_64")
-  new = pack_panel(uops, None, 1 << 15)
+  new = panel_packing(uops, 1 << 15)
   panels = [u for u in new if u.op is UOps.DEFINE_LOCAL]
   assert len(panels) == 1 and panels[0].arg[1] == 64 * 16   # K rows of the tile's 16 columns
   loads = [u for u in new if u.op is UOps.LOAD and u.src[0] is panels[0]]
@@ -117,6 +118,6 @@ def test_panel_copies_b_and_reads_it_in_the_reduce():
 
 def test_panel_refuses_what_it_cant_hold():
   uops = _tile_uops("matmul_64")
-  assert pack_panel(uops, None, 64 * 16 - 1) is uops
+  assert panel_packing(uops, 64 * 16 - 1) == uops
   add = Kernel(get("add").ast, opts=NativeCRenderer(vector_width=8, threads=1)).linearize().uops
-  assert pack_panel(add, None, 1 << 15) is add
+  assert panel_packing(add, 1 << 15) == add

@@ -3,6 +3,7 @@ GCC's vector extensions) and the whole small catalogue on the multi-core CPU dev
 profile keeps the spec's choices."""
 import platform
 import re
+from dataclasses import replace
 import numpy as np
 import pytest
 import catalogue
@@ -11,13 +12,13 @@ from kernopt.dtype import ImageDType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.helpers import config_override
 from kernopt.kernel import Kernel, Opt, OptOps
+from kernopt.passes import interchange, reduce_blocking, vectorize
 from kernopt.renderers import get_renderer
 from kernopt.renderers.cstyle import CRenderer
 from kernopt.renderers.native import NativeCRenderer, host_vector_width
-from kernopt.renderers.vectorize import pack_lanes
 from kernopt.runtime import Buffer, Device
 from kernopt.runtime import cpu
-from kernopt.uops import UOps
+from kernopt.uops import ReduceBlock, UOps, loop_mark
 
 needs_cc = pytest.mark.skipif(not cpu.CPUDevice.availability()[0], reason="no C compiler")
 R8 = NativeCRenderer(vector_width=8, threads=2)
@@ -93,7 +94,7 @@ def test_native_capabilities():
 
 def test_static_profile_is_the_spec():
   r = get_renderer("CPU")
-  assert type(r) is CRenderer and r.max_upcast == 8 and getattr(r, "heuristics", "spec") == "spec"
+  assert type(r) is CRenderer and r.max_upcast == 8 and r.caps.heuristics == "spec"
   assert opts_of(protocol(get("matmul_1024", "large").ast, r)) == [("UPCAST", 1, 4), ("UPCAST", 0, 4), ("UNROLL", 0, 4)]
   assert type(Device.open("CPU", profile="static").renderer) is CRenderer
 
@@ -138,11 +139,12 @@ def test_falls_back_to_spec_when_nothing_fits():
 # ***** lane packing *****
 
 def lin(name: str, renderer=R8, scale: str = "small", opts=None) -> list:
+  """The kernel's lowered uops, before the passes (which the tests here apply themselves)."""
   k = Kernel(get(name, scale).ast, opts=renderer)
   if opts is None: k = protocol(get(name, scale).ast, renderer)
   else:
     for o in opts: k.apply_opt(o)
-  return k.linearize().uops
+  return k.linearize().lowered_uops
 
 def vector_ops(uops: list) -> dict:
   ret: dict = {}
@@ -152,7 +154,7 @@ def vector_ops(uops: list) -> dict:
   return ret
 
 def test_matmul_packs_loads_alus_accumulators_and_stores():
-  packed = pack_lanes(lin("matmul_64"), 8)
+  packed = vectorize(lin("matmul_64"), 8)
   v = vector_ops(packed)
   # 4 rows x 2 vectors: 8 accumulators, PHIs and stores; B's two vector loads
   assert v[UOps.DEFINE_ACC] == 8 and v[UOps.PHI] == 8 and v[UOps.STORE] == 8 and v[UOps.LOAD] == 2
@@ -160,20 +162,20 @@ def test_matmul_packs_loads_alus_accumulators_and_stores():
 
 def test_no_packing_at_width_one_or_without_contiguous_lanes():
   uops = lin("matmul_64")
-  assert pack_lanes(uops, 1) is uops
+  assert vectorize(uops, 1) == uops
   ints = lin("int_ops")
-  assert pack_lanes(ints, 8) == ints
+  assert vectorize(ints, 8) == ints
 
 def test_lanes_read_back_with_gep():
   """A contiguous unrolled sum: 16 accumulators packed into 2 vectors, combined lane by lane after the loop."""
-  packed = pack_lanes(lin("max_axis1"), 8)
+  packed = vectorize(lin("max_axis1"), 8)
   assert vector_ops(packed)[UOps.DEFINE_ACC] == 2 and sum(u.op is UOps.GEP for u in packed) == 16
 
 def test_dead_scalar_lanes_dropped():
   """The scalar loads and index math that vector loads replaced are gone; each broadcast is emitted once per scope."""
-  packed = pack_lanes(lin("add", scale="large"), 8)
+  packed = vectorize(lin("add", scale="large"), 8)
   assert [u.dtype.count for u in packed if u.op is UOps.LOAD] == [8, 8]
-  mm = pack_lanes(lin("matmul_1024", scale="large"), 8)
+  mm = vectorize(lin("matmul_1024", scale="large"), 8)
   loads = [u for u in mm if u.op is UOps.LOAD]
   # B: 2 vector loads; A: one scalar per row, broadcast once and read by both vectors of the row
   assert sorted(u.dtype.count for u in loads) == [1, 1, 1, 1, 8, 8]
@@ -183,7 +185,7 @@ def test_dead_scalar_lanes_dropped():
   assert all(u in read for u in mm if u.op in (UOps.LOAD, UOps.ALU, UOps.GEP, UOps.VECTORIZE, UOps.CONST))
 
 def test_drop_dead_keeps_effects_and_order():
-  from kernopt.renderers.vectorize import drop_dead
+  from kernopt.passes.vectorize import drop_dead
   uops = lin("matmul_64", opts=[])
   assert drop_dead(uops) == uops  # nothing dead in the scalar kernel
 
@@ -191,21 +193,20 @@ def test_conv_packs_from_the_stores_with_gathered_windows():
   """The conv window's loads overlap between taps, so packing starts from the contiguous output stores and gathers
   each tap's (padded) input lanes. (The heuristics no longer unroll this window; the opts do it here.)"""
   opts = [Opt(OptOps.UPCAST, 3, 16), Opt(OptOps.UPCAST, 1, 4), Opt(OptOps.UNROLL, 2, 0), Opt(OptOps.UNROLL, 1, 0)]
-  packed = pack_lanes(lin("conv2d", scale="large", opts=opts), 8)
+  packed = vectorize(lin("conv2d", scale="large", opts=opts), 8)
   v = vector_ops(packed)
   assert v[UOps.DEFINE_ACC] == 8 and v[UOps.STORE] == 8 and v[UOps.VECTORIZE] >= 9
 
 def test_matmul_loops_interchanged():
   """B (strided along the reduce) depends on the N tiles only: its loop goes outside, so each B panel is reused by
   every M tile. Elementwise kernels keep their order."""
-  from kernopt.renderers.native import interchange_outer_loops
   uops = lin("matmul_1024", scale="large")
   ranges = [u for u in uops if u.op is UOps.RANGE]
-  new = interchange_outer_loops(uops)
+  new = interchange(uops)
   assert [u for u in new if u.op is UOps.RANGE][:2] == ranges[:2][::-1] and len(new) == len(uops)
   assert [u for u in new if u.op is UOps.ENDRANGE][-2:] == [u for u in uops if u.op is UOps.ENDRANGE][-2:][::-1]
   ew = lin("add", scale="large")
-  assert interchange_outer_loops(ew) is ew
+  assert interchange(ew) == ew
 
 @needs_cc
 @pytest.mark.parametrize("w", WIDTHS)
@@ -229,12 +230,12 @@ def test_vector_loads_pinned_to_registers():
   load into each of the tile's multiplies; `pin_loads=None` renders the plain memcpy load (static: no vectors). Width
   4 fits a register of every x86-64 level and of NEON."""
   r = NativeCRenderer(vector_width=4, threads=1)
-  r.pin_loads = "x"
+  r.caps = replace(r.caps, pin_loads="x")
   k = protocol(get("matmul_1024", "large").ast, r)
   src = k.to_program().src
   assert '__asm__("" : "+x"(v))' in src and "ko_vload_reg_float4(data2+" in src
   assert r.capabilities()["pin_loads"] == "x"
-  r.pin_loads = None
+  r.caps = replace(r.caps, pin_loads=None)
   src = Kernel(k.ast, opts=r).required_optimizations().hand_coded_optimizations().to_program().src
   assert "__asm__" not in src and "ko_vload_float4(data2+" in src
 
@@ -245,7 +246,7 @@ def test_vectors_wider_than_the_isa_registers_are_not_pinned_and_run():
   from kernopt.renderers.native import ISA_LEVELS
   dev = Device.open("CPU", threads=1, vector_width=16)
   r = NativeCRenderer(vector_width=16, threads=1)
-  r.pin_loads, r.isa = "x", ISA_LEVELS["x86-64-v2"]
+  r.caps = replace(r.caps, pin_loads="x", isa_vector_width=ISA_LEVELS["x86-64-v2"].vector_width)
   case = get("matmul_64")
   k = Kernel(case.ast, opts=r)
   for o in lanes(1, 16) + [Opt(OptOps.UPCAST, 0, 4)]: k.apply_opt(o)
@@ -288,7 +289,7 @@ def test_padded_conv_masked_vector_loads_bit_identical(scale, w):
 
 def test_masked_loads_off_gathers():
   r = NativeCRenderer(vector_width=8, threads=1)
-  r.masked_loads = False
+  r.caps = replace(r.caps, masked_loads=False)
   src = protocol(get("conv2d", "large").ast, r).to_program().src
   assert "ko_mload" not in src and "float8 vec" in src
 
@@ -313,7 +314,7 @@ def test_reduce_blocks_bit_identical(name, threads):
   res = []
   for steps in (k_len // 4, 0):
     r = NativeCRenderer(vector_width=8, threads=threads, min_parallel_work=0)
-    r.reduce_block = steps
+    r.caps = replace(r.caps, reduce_block=steps)
     res.append(_run_matmul(case, r, dev))
   (blocked_src, blocked, want), (plain_src, plain, _) = res
   assert f"*{k_len // 4}; " in blocked_src
@@ -323,14 +324,18 @@ def test_reduce_blocks_bit_identical(name, threads):
   np.testing.assert_allclose(blocked[:want.size], want, rtol=1e-3, atol=1e-3)
 
 def test_reduce_block_needs_four_blocks_and_the_interchange():
-  from kernopt.renderers.native import block_reduce, interchange_outer_loops
-  uops = pack_lanes(interchange_outer_loops(lin("matmul_1024", scale="large")), 8)
-  new, info = block_reduce(uops, 256)
+  plain = vectorize(lin("matmul_1024", scale="large"), 8)
+  uops = interchange(plain)
+  new = reduce_blocking(uops, 256)
+  marks = [m for u in new if u.op is UOps.RANGE and isinstance(m := loop_mark(u), ReduceBlock)]
+  reduce_loop = next(u for u in uops if u.op is UOps.RANGE and u.arg[1])
+  assert [(m.of, m.steps) for m in marks] == [(reduce_loop, 256)]
   # + 2 consts and the block RANGE, its ENDRANGE, the "block > 0" gate, 8 reloads and their PHIs
-  assert info is not None and info[2] == 256 and len(new) == len(uops) + 3 + 1 + 1 + 2 * 8
-  assert block_reduce(uops, 512) == (uops, None)  # 2 blocks: not worth it
+  assert len(new) == len(uops) + 3 + 1 + 1 + 2 * 8
+  assert reduce_blocking(uops, 512) == uops  # 2 blocks: not worth it
+  assert reduce_blocking(plain, 256) == plain  # not interchanged
   ew = lin("add", scale="large")
-  assert block_reduce(ew, 256) == (ew, None)
+  assert reduce_blocking(ew, 256) == ew
 
 # ***** the whole small catalogue on the native multi-core device *****
 

@@ -7,8 +7,9 @@ from catalogue import alu, buf, get, kernel, store
 from kernopt.dtype import dtypes
 from kernopt.kernel import Kernel
 from kernopt.ops import BinaryOps
-from kernopt.renderers.native import STREAM_MIN, NativeCRenderer, streams
-from kernopt.renderers.vectorize import pack_lanes
+from kernopt.passes import vectorize
+from kernopt.passes.stream_stores import loop_streams as streams
+from kernopt.renderers.native import STREAM_MIN, NativeCRenderer
 from kernopt.runtime import Buffer, Device, cpu
 
 needs_cc = pytest.mark.skipif(not cpu.CPUDevice.availability()[0], reason="no C compiler")
@@ -21,8 +22,8 @@ def protocol(ast, renderer) -> Kernel:
   return Kernel(ast, opts=renderer).required_optimizations().hand_coded_optimizations()
 
 def uops_of(ast, renderer=None):
-  """The linearized uops with their lanes packed, as NativeCRenderer.render sees them."""
-  return pack_lanes(protocol(ast, renderer or NativeCRenderer(vector_width=8, threads=1)).linearize().uops, 8)
+  """The lowered uops with their lanes packed, as the stream-store pass of a serial kernel sees them."""
+  return vectorize(protocol(ast, renderer or NativeCRenderer(vector_width=8, threads=1)).linearize().lowered_uops, 8)
 
 def test_only_big_elementwise_outputs_stream():
   assert streams(uops_of(add_ast(N)), 8)

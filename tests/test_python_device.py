@@ -1,14 +1,14 @@
-"""The PYTHON device on hand-built linearized UOp lists, compared with numpy; its ALU against ops.exec_alu."""
-import itertools
-import math
+"""The PYTHON device on hand-built linearized UOp lists, compared with numpy (its ALU against the op table:
+tests/test_python_alu.py)."""
 import numpy as np
 import pytest
-from kernopt.dtype import dtypes, wrap_int
+from kernopt.dtype import dtypes
 from kernopt.errors import LaunchError
-from kernopt.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu, truncate_float
+from kernopt.ops import BinaryOps, exec_alu, truncate_float
 from kernopt.runtime import Buffer, Device, np_dtype
-from kernopt.runtime.python import EmulationError, OutOfBoundsError, RaceError, alu, make_program, reg_dtype
+from kernopt.runtime.python import EmulationError, OutOfBoundsError, RaceError, make_program
 from kernopt.uops import UOp, UOps
+from test_python_alu import SCALARS, values
 
 i32, f32 = dtypes.int32, dtypes.float32
 
@@ -257,64 +257,9 @@ def test_image_load_and_store(dev):
   want = np.concatenate([data[:, 1:], np.zeros((3, 1, 4), np.float32)], axis=1) + 1
   np.testing.assert_array_equal(res[0].reshape(3, 4, 4), want)
 
-# ***** ALU parity with ops.exec_alu *****
-
-INT_VALS = [0, 1, -1, 2, 7, -7, 100, -128, 127, 2 ** 31 - 1, -2 ** 31, 2 ** 63 - 1]
-FLOAT_VALS = [0.0, -0.0, 1.0, -1.5, 2.25, 0.1, 3.0, 1e4, -1e-3, math.inf, -math.inf, math.nan, 60000.0]
-SCALARS = [dtypes.bool, dtypes.int8, dtypes.uint8, dtypes.int16, dtypes.uint16, dtypes.int32, dtypes.uint32,
-           dtypes.int64, dtypes.uint64, dtypes.half, dtypes.bfloat16, dtypes.float32, dtypes.float64]
-UNARY = [UnaryOps.NEG, UnaryOps.RECIP, UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT]
-BINARY = list(BinaryOps)
-FLOAT_ONLY = {UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT}
-INT_ONLY = {BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR, BinaryOps.SHL, BinaryOps.SHR}
-BOOL_OK = {UnaryOps.NEG, BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, BinaryOps.CMPLT, BinaryOps.CMPNE, BinaryOps.XOR,
-           BinaryOps.AND, BinaryOps.OR, TernaryOps.WHERE}
-
-def _values(dt):
-  if dt == dtypes.bool: return [False, True]
-  if dtypes.is_int(dt): return sorted({wrap_int(v, dt) for v in INT_VALS})
-  return [truncate_float(v, dt) for v in FLOAT_VALS]
-
-def _applies(op, dt):
-  if dt == dtypes.bool: return op in BOOL_OK
-  if dtypes.is_float(dt): return op not in INT_ONLY
-  return op not in FLOAT_ONLY
-
-def _same(got, want) -> bool:
-  if isinstance(want, float):
-    got = float(got)
-    return (math.isnan(got) and math.isnan(want)) or (got == want and math.copysign(1, got) == math.copysign(1, want))
-  return got == want
-
-def _check_parity(op, dt, rows):
-  out_dt = dtypes.bool if op in (BinaryOps.CMPLT, BinaryOps.CMPNE) else dt
-  wants, keep = [], []
-  for row in rows:
-    try: wants.append(exec_alu(op, out_dt, row))
-    except (ValueError, OverflowError): continue  # math.fmod(inf, x) and friends: no defined value to compare
-    keep.append(row)
-  cols = [np.array([r[k] for r in keep], dtype=reg_dtype(dtypes.bool if (op is TernaryOps.WHERE and k == 0) else dt))
-          for k in range(len(keep[0]))]
-  got = alu(op, out_dt, tuple(cols))
-  assert got.dtype == reg_dtype(out_dt)
-  bad = [(r, g, w) for r, g, w in zip(keep, got.tolist(), wants) if not _same(g, w)]
-  assert not bad, f"{op} on {dt}: (operands, got, exec_alu) {bad[:5]}"
-
-@pytest.mark.parametrize("dt", SCALARS, ids=lambda d: d.name)
-def test_alu_parity_with_exec_alu(dt):
-  vals = _values(dt)
-  for op in UNARY + BINARY + [TernaryOps.MULACC]:
-    if not _applies(op, dt): continue
-    n = 1 if op in UNARY else 3 if op is TernaryOps.MULACC else 2
-    rows = list(itertools.product(vals, repeat=n))
-    if op in (BinaryOps.SHL, BinaryOps.SHR) and dtypes.is_int(dt):
-      rows = [(a, wrap_int(b, dt)) for a in vals for b in (0, 1, 3, 7, 9, 33, 63, -1)]
-    _check_parity(op, dt, rows)
-  _check_parity(TernaryOps.WHERE, dt, [(c, a, b) for c in (False, True) for a in vals[:4] for b in vals[-3:]])
-
 def test_storage_dtypes_roundtrip(dev):
   for dt in SCALARS:
-    vals = np.resize(np.array(_values(dt)), 4)
+    vals = np.resize(np.array(values(dt)), 4)
     arr = vals.astype(np_dtype(dt)) if dt != dtypes.bfloat16 else np.arange(4, dtype=np.uint16)
     np.testing.assert_array_equal(Buffer("PYTHON", 4, dt).copyin(arr).numpy(), arr)
 

@@ -8,7 +8,7 @@ from kernopt.dtype import DType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
 from kernopt.renderers import get_renderer
-from kernopt.runtime.python import alu, reg_dtype
+from kernopt.runtime.python_alu import alu, reg_dtype
 from kernopt.uops import UOp, UOps
 
 DIALECTS = ("C", "OPENCL", "CUDA", "METAL", "AMD")
@@ -72,6 +72,14 @@ def test_ops_on_the_common_types_are_spelled_everywhere(table):
       bits_only = op in (BinaryOps.XOR, BinaryOps.AND, BinaryOps.OR, BinaryOps.SHL, BinaryOps.SHR)
       if (float_only and dt == dtypes.int32) or (bits_only and dt == dtypes.float32): continue
       assert not missing, f"{op.name} on {dt} is not spelled by {missing}"
+
+def test_dialects_spell_exactly_the_op_tables_domain(table):
+  """An op is spelled on a dtype (by the dialects that have the dtype) exactly where the op table defines it: its
+  domain (kernopt.alu.DOMAINS) is the one list of which ops apply to floats, ints and bools."""
+  from kernopt.alu import defined_on
+  wrong = {(op.name, dt.name) for (op, dt), srcs in table.items()
+           if any(s is not None for s in srcs.values()) != defined_on(op, dt)}
+  assert not wrong, f"spelled where the op table says undefined, or refused where it says defined: {sorted(wrong)}"
 
 def test_metal_refuses_double_and_spells_half(table):
   assert table[(BinaryOps.ADD, dtypes.float64)]["METAL"] is None

@@ -7,8 +7,11 @@ CORE = ["kernopt/dtype.py", "kernopt/helpers.py", "kernopt/errors.py", "kernopt/
         "kernopt/uops.py", "kernopt/renderers/__init__.py", "kernopt/renderers/cstyle.py", "kernopt/renderers/cuda.py",
         "kernopt/renderers/metal.py", "kernopt/renderers/amd.py", "kernopt/uopgraph.py", "kernopt/lowerer.py",
         "kernopt/opt.py", "kernopt/heuristics.py", "kernopt/heuristics_cpu.py", "kernopt/heuristics_opencl.py",
-        "kernopt/heuristics_cuda.py", "kernopt/kernel.py", "kernopt/renderers/native.py", "kernopt/renderers/opencl.py",
-        "kernopt/renderers/vectorize.py"]
+        "kernopt/heuristics_cuda.py", "kernopt/decisions.py", "kernopt/loop_nest.py", "kernopt/shape_opts.py",
+        "kernopt/tensor_core_fit.py", "kernopt/optimized_ast.py", "kernopt/heuristics_registry.py", "kernopt/kernel.py",
+        "kernopt/renderers/native.py", "kernopt/renderers/opencl.py", "kernopt/passes",
+        "kernopt/lazyop.py", "kernopt/alu.py", "kernopt/verify.py", "kernopt/serialize.py", "kernopt/patterns.py",
+        "kernopt/linearizer.py"]
 
 @pytest.mark.skipif(importlib.util.find_spec("mypy") is None, reason="mypy is not installed (it is in the test extra)")
 def test_core_is_mypy_clean():

@@ -5,8 +5,10 @@ import pytest
 from kernopt.dtype import dtypes
 from kernopt.ops import BinaryOps, WMMAArg
 from kernopt.runtime import Buffer, Device
-from kernopt.runtime.python import (EmulationError, WMMA_LAYOUTS, amd_a_elem, amd_b_elem, amd_c_elem, cuda_a_elem,
-                                    cuda_b_elem, cuda_c_elem, make_program, metal_elem, wmma_warps)
+from kernopt.runtime.python import make_program
+from kernopt.runtime.python_alu import EmulationError
+from kernopt.runtime.python_wmma import (WMMA_LAYOUTS, amd_a_elem, amd_b_elem, amd_c_elem, cuda_a_elem, cuda_b_elem,
+                                         cuda_c_elem, metal_elem, wmma_warps)
 from kernopt.uops import UOp, UOps
 
 # (lane, element) -> (row, col), transcribed by hand from the figures of the PTX ISA, section 9.7.13.4.8

@@ -1,60 +1,133 @@
 """Renderer capabilities, tensor-core descriptions, the `Program` a kernel compiles to, and the registry of
-dialects. A dialect is a Renderer subclass: capabilities as attributes plus `render(name, uops) -> str`.
-Imports dtype, helpers, errors, shape/, ops and uops."""
+dialects. A dialect is a Renderer subclass: its Capabilities record plus `render(name, uops) -> str`.
+Imports dtype, errors, helpers and shape/."""
 from __future__ import annotations
 import importlib
-from dataclasses import dataclass, field
+import operator
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Optional
 from kernopt.dtype import DType, dtypes
 from kernopt.errors import UnsupportedError, VerifyError
 from kernopt.helpers import prod
 if TYPE_CHECKING: from kernopt.shape.symbolic import sint
 
+# a permutation's (group, index) pairs name an axis of the warp dims (group 0) or of the expanded fragment (group 1)
+Perm = tuple[tuple[tuple[int, int], ...], tuple[tuple[int, int], ...]]
+
+@dataclass(frozen=True)
+class TCLayout:
+  """Where one vendor's WMMA wants its operands once the tensor core's `opts` shaped the loop nest: `warp` the sizes
+  of the local axes the warp's threads span (from the first local axis), `tcd` those of the upcast axes a thread's
+  fragment spans (from the first upcasted axis), `tcd_expand` the fragment split into the factors the permutations
+  move; `upcast` the offsets (from the first upcasted axis) of the axes holding A's, B's and C's fragments, `reduce`
+  those the instruction reduces; `perm_a` and `perm_b` (None: as laid out) the warp and fragment permutations that put
+  A's and B's elements into the vendor's registers."""
+  upcast: tuple[int, int, int]
+  reduce: tuple[int, ...]
+  warp: tuple[int, ...]
+  tcd: tuple[int, ...]
+  tcd_expand: tuple[int, ...]
+  perm_a: Perm
+  perm_b: Optional[Perm]
+
+# one step of a tensor core's Opt sequence: (OptOps name, dim, amount); dim 0, 1, 2 is the N, M, K axis, None for
+# MERGE, which joins the last two upcasted axes
+TCOpt = tuple[str, Optional[int], Optional[int]]
+
 @dataclass(frozen=True)
 class TensorCore:
   """A warp-wide matrix multiply-accumulate D(N, M) = A·B + C over K: `dims` is (N, M, K); `threads` lists the
   (dim, amount) splits of N (0) and M (1) across the warp's threads; `thread_local_sizes` the per-thread
-  fragment sizes of A, B and C."""
+  fragment sizes of A, B and C; `opts` the Opts, in order, that shape N, M and K into the warp's threads and each
+  thread's fragment, and `layout` where the instruction then finds its operands (the dialect's vendor knowledge)."""
   dims: tuple[int, int, int]
   dtype_in: DType
   dtype_out: DType
   threads: tuple[tuple[int, int], ...]
   thread_local_sizes: tuple[tuple[int, ...], ...]
+  opts: tuple[TCOpt, ...] = ()
+  layout: Optional[TCLayout] = None
 
   def __str__(self) -> str: return f"WMMA_{'_'.join(map(str, self.dims))}_{self.dtype_in.name}_{self.dtype_out.name}"
   @property
   def num_threads(self) -> int: return prod(amt for _, amt in self.threads)
 
-class Renderer:
-  """A dialect: what the target can do (the Kernel's heuristics read these) and how to spell a UOp list."""
-  device: str = ""
+def _cap(default: Any, doc: str) -> Any:
+  """A Capabilities field: its one default and its one-line documentation (the field's metadata["doc"])."""
+  return field(default=default, metadata={"doc": doc})
+
+@dataclass(frozen=True)
+class Capabilities:
+  """Everything a target can do that changes the code kernopt makes for it, as data: a dialect's profile is this record
+  filled in (the defaults are the spec's static profile of a GPU-like dialect). The Kernel, its heuristics, the
+  lowerer and the renderer read it as `renderer.caps.<field>`; a profile changes by replacing its record
+  (`dataclasses.replace`)."""
+  device: str = _cap("", "the device name the dialect's Programs run on")
+  has_local: bool = _cap(True, "work-items run in workgroups with local ids (LOCAL and GROUP Opts); False: loops only")
+  has_shared: bool = _cap(True, "a workgroup shares memory: GROUP reduces combine through a local buffer")
+  supports_float4: bool = _cap(True, "the lowerer emits unit-stride float/half loads and stores as float4 vectors")
+  global_max: Optional[tuple[int, ...]] = _cap((0x8FFFFFFF,) * 3, "most workgroups per grid dimension (None: no grid)")
+  local_max: Optional[tuple[int, ...]] = _cap((0x8FFFFFFF,) * 3, "most work-items per workgroup dimension")
+  shared_max: int = _cap(32768, "bytes of local (shared) memory one workgroup may use")
+  max_upcast: int = _cap(8, "the heuristics upcast (and UPCAST Opts multiply) the upcast axes at most this much")
+  max_unroll: int = _cap(32, "the heuristics unroll a reduce at most this much (the spec's limit)")
+  max_local_size: int = _cap(0x8FFFFFFF, "most work-items in one workgroup: the product of its local sizes")
+  tensor_cores: tuple[TensorCore, ...] = _cap((), "the warp-wide matrix multiply-accumulates TC Opts may use")
+  supports_images: bool = _cap(False, "image buffers (ImageDType) can be read and written")
+  fused_accumulate: bool = _cap(False, "a float32 SUM of products accumulates as MULACC, in one rounding")
+  heuristics: str = _cap("spec", "the heuristics profile (kernopt.heuristics_registry) tried before the spec's rules")
+  vector_width: int = _cap(1, "fp32 lanes of the target's vectors the heuristics tile for and lanes are packed into")
+  has_fp16: bool = _cap(False, "half arithmetic (OpenCL cl_khr_fp16); without it half is a storage type")
+  clang: bool = _cap(False, "the device compiles with clang (PoCL): vector accesses are element-aligned dereferences")
+  stream_stores: bool = _cap(False, "big loop-free kernels store with non-temporal stores, fenced before they end")
+  stream_min: int = _cap(1 << 22, "float32 elements a loop-free kernel stores before stream_stores applies to it")
+  arch: str = _cap("", "the GPU architecture the source is compiled for (CUDA: \"sm_80\")")
+  sm_count: Optional[int] = _cap(None, "the GPU's multiprocessors, scaling its grid-size threshold (None: unknown)")
+  march: str = _cap("", "the CPU ISA the C compiler targets (-march; \"native\": the host's)")
+  isa_vector_width: int = _cap(0, "fp32 lanes of one vector register of that ISA (0: not a CPU target)")
+  threads: int = _cap(1, "threads a CPU kernel's outermost parallel loop is split across")
+  parallel: str = _cap("none", "how a CPU kernel runs on threads: \"pthread\", \"openmp\" or \"none\"")
+  schedule: str = _cap("static", "the OpenMP schedule of a parallel loop")
+  min_parallel_work: int = _cap(0, "ALU ops + bytes moved below which a kernel runs on one thread")
+  interchange: bool = _cap(False, "a reduce loop may move outside the loops after it (matmul's K outside N)")
+  pin_loads: Optional[str] = _cap(None, "inline-asm register class vector loads are pinned to (None: unpinned)")
+  masked_loads: bool = _cap(False, "a contiguous gated load becomes one masked vector load, not a gather of lanes")
+  reduce_block: int = _cap(0, "reduce steps per block when a matmul-like reduce is split (0: never split)")
+  panel_elements: int = _cap(0, "most elements of a packed B panel (0: no packing)")
+  emulate: Optional[str] = _cap(None, "the dialect whose tensor-core layouts the PYTHON emulator runs (None: none)")
+
+# the fields every dialect's capabilities() reports (a dialect adds its own `key_caps`)
+KEY_CAPS = ("device", "has_local", "has_shared", "supports_float4", "global_max", "local_max", "shared_max",
+            "max_upcast", "max_unroll", "max_local_size", "supports_images", "fused_accumulate")
+
+if TYPE_CHECKING:
+  class _CapabilityReads(Capabilities):
+    """For the type checker: a renderer reads each field of its record as a read-only attribute."""
+else:
+  class _CapabilityReads:
+    """renderer.<field> reads renderer.caps.<field> (read-only; code that kernopt has not moved to `caps` yet)."""
+  for _f in fields(Capabilities): setattr(_CapabilityReads, _f.name, property(operator.attrgetter(f"caps.{_f.name}")))
+
+class Renderer(_CapabilityReads):
+  """A dialect: `caps`, what the target can do (its Capabilities record, the only place a capability is declared), and
+  how to spell a UOp list (`render`). A dialect's class declares its static profile's record; a constructor that
+  takes the target's facts fills in its own."""
+  caps: Capabilities = Capabilities()
   suffix: str = ""
-  has_local: bool = True
-  has_shared: bool = True
-  supports_float4: bool = True
-  global_max: Optional[tuple[int, ...]] = (0x8FFFFFFF,) * 3
-  local_max: Optional[tuple[int, ...]] = (0x8FFFFFFF,) * 3
-  shared_max: int = 32768
-  max_upcast: int = 8          # the spec's "don't upcast more than 8"
-  max_unroll: int = 32         # the spec's "don't unroll more than 32"
-  max_local_size: int = 0x8FFFFFFF  # product of the local sizes of one workgroup
-  tensor_cores: tuple[TensorCore, ...] = ()
-  supports_images: bool = False
-  # float32 SUM accumulators update as one fused multiply-add (MULACC, one rounding) when the summand is a product;
-  # off in the spec's profiles, where every op rounds as written
-  fused_accumulate: bool = False
+  # the record fields, after KEY_CAPS, that this dialect's capabilities() reports: those its profiles vary
+  key_caps: tuple[str, ...] = ()
 
   def render(self, name: str, uops: list[Any]) -> str:
     raise UnsupportedError(f"the {type(self).__name__} dialect has no source renderer")
 
   def capabilities(self) -> dict[str, Any]:
-    """Everything that can change the code this dialect produces, as plain data (part of cache keys)."""
-    keys = ("device", "has_local", "has_shared", "supports_float4", "global_max", "local_max", "shared_max",
-            "max_upcast", "max_unroll", "max_local_size", "supports_images", "fused_accumulate")
-    return {"dialect": type(self).__name__, **{k: getattr(self, k) for k in keys},
-            "tensor_cores": [str(tc) for tc in self.tensor_cores]}
+    """Everything that can change the code this dialect produces, as plain data (part of cache keys): the dialect,
+    the record's KEY_CAPS, its tensor cores by name and the dialect's own key_caps."""
+    c = self.caps
+    return {"dialect": type(self).__name__, **{k: getattr(c, k) for k in KEY_CAPS},
+            "tensor_cores": [str(tc) for tc in c.tensor_cores], **{k: getattr(c, k) for k in self.key_caps}}
 
-  def __repr__(self) -> str: return f"{type(self).__name__}(device={self.device!r})"
+  def __repr__(self) -> str: return f"{type(self).__name__}(device={self.caps.device!r})"
 
 @dataclass(frozen=True)
 class BufferArg:

@@ -2,18 +2,24 @@
 are `__attribute__((global))` with amdgpu_flat_work_group_size, ids come from __builtin_amdgcn_workgroup_id_* /
 workitem_id_*, locals are `__attribute__((shared))`, barriers are s_barrier between workgroup fences. half is
 `_Float16` and bfloat16 a uint16 bit pattern, both computed in float and rounded per result; math goes through
-the device library's __ocml_* functions; vectors are ext_vector_type. Render only: nothing compiles it here."""
+the device library's __ocml_* functions; vectors are ext_vector_type. Render only: nothing compiles it here.
+Imports dtype, errors, ops, renderers and uops."""
 from __future__ import annotations
 from typing import Any
 from kernopt.dtype import DType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.ops import TernaryOps, UnaryOps
-from kernopt.renderers import TensorCore
+from kernopt.renderers import Capabilities, TCLayout, TensorCore
 from kernopt.renderers.cstyle import CStyleLanguage, dtype_of
 from kernopt.uops import UOp
 
+AMD_TC_LAYOUT = TCLayout(upcast=(0, 0, 1), reduce=(0,), warp=(8, 2, 2), tcd=(16, 8), tcd_expand=(16, 2, 4),
+                         perm_a=(((1, 2), (0, 2), (1, 1), (0, 1)), ((1, 0), (0, 0))), perm_b=None)
+# K unrolled, then the threads (AMD wants the locals before the upcasts), then the part of M they don't cover
+AMD_TC_OPTS = (("UNROLL", 2, 16), ("LOCAL", 0, 8), ("LOCAL", 0, 2), ("LOCAL", 1, 2), ("UPCAST", 1, 8))
 AMD_TENSOR_CORES = tuple(TensorCore(dims=(16, 16, 16), dtype_in=di, dtype_out=do,
-                                    threads=((0, 8), (0, 2), (1, 2)), thread_local_sizes=((16,), (16,), (4, 2)))
+                                    threads=((0, 8), (0, 2), (1, 2)), thread_local_sizes=((16,), (16,), (4, 2)),
+                                    opts=AMD_TC_OPTS, layout=AMD_TC_LAYOUT)
                          for di, do in ((dtypes.half, dtypes.float), (dtypes.half, dtypes.half)))
 _XYZ = "xyz"
 _DEV = "__attribute__((device))"
@@ -36,10 +42,8 @@ def _fma(r: AMDRenderer, dt: DType, a: str, b: str, c: str) -> str:
   return spell(r, dt, a, b, c)
 
 class AMDRenderer(CStyleLanguage):
-  device = "AMD"
+  caps = Capabilities(device="AMD", shared_max=65536, tensor_cores=AMD_TENSOR_CORES)
   suffix = "hip"
-  shared_max = 65536
-  tensor_cores = AMD_TENSOR_CORES
 
   kernel_prefix = 'extern "C" __attribute__((global)) '
   smem_prefix = "__attribute__((shared, aligned(16))) "

@@ -1,18 +1,20 @@
-"""The C-style renderer base (`CStyleLanguage`) and the C dialect (`CRenderer`, device "CPU"). The base turns a
-linearized UOp list into one C-family function; a dialect changes only spellings: attributes (prefixes, type
-names, barrier), the `code_for_op` table (merged along the class hierarchy) and the small `render_*` hooks.
-Imports dtype, errors, helpers, ops, uops and renderers."""
+"""The C-style renderer base (`CStyleLanguage`) and the C dialect (`CRenderer`, device "CPU"). The base spells a
+linearized UOp list, exactly as listed, as one C-family function, each render in a `RenderContext` of its own; a
+dialect changes only spellings: attributes (prefixes, type names, barrier), the `code_for_op` table (merged along the
+class hierarchy) and the small `render_*` hooks. Imports dtype, errors, ops, uops and renderers."""
 from __future__ import annotations
 import functools
 import math
 import struct
-import threading
-from typing import Any, Callable, Optional, Union
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional, Union
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.ops import ALUOp, BinaryOps, TernaryOps, UnaryOps, truncate_float
-from kernopt.renderers import Renderer
-from kernopt.uops import UOp, UOps
+from kernopt.renderers import Capabilities, Renderer
+from kernopt.uops import Mark, UOp, UOps
 
 def dtype_of(u: UOp) -> DType:
   """u's dtype, for a uop whose contract gives it one (every value, buffer and loop uop)."""
@@ -23,7 +25,33 @@ def dtype_of(u: UOp) -> DType:
 # (renderer, operand compute dtype, *operand expressions) -> expression; None marks an op the dialect lacks
 Spelling = Optional[Union[str, Callable[..., str]]]
 
-_state = threading.local()   # the preamble helpers of the render in progress on this thread
+@dataclass
+class RenderContext:
+  """What one render() call knows beyond its dialect: facts about the UOp list being spelled, computed from it before
+  emission (`workgroup`: threads in one workgroup, the product of the local SPECIAL sizes), the spelled name of each
+  UOp so far (`names`) and the preamble helpers registered while spelling (`helpers`, in order). A dialect that needs
+  more facts subclasses it and builds it in `render_context`; a spelling reaches the render in progress through
+  `CStyleLanguage.context`."""
+  workgroup: int = 1
+  names: dict[UOp, str] = field(default_factory=dict)
+  helpers: dict[str, str] = field(default_factory=dict)
+
+# the context of the render in progress (per thread and task); set only by `rendering`
+_current: ContextVar[Optional[RenderContext]] = ContextVar("kernopt_render_context", default=None)
+
+@contextmanager
+def rendering(ctx: RenderContext) -> Iterator[RenderContext]:
+  """Spell within ctx: the helpers a spelling registers go to it (CStyleLanguage.render spells its list so)."""
+  token = _current.set(ctx)
+  try: yield ctx
+  finally: _current.reset(token)
+
+def workgroup_size(uops: list[UOp]) -> int:
+  """The threads in one workgroup of a kernel: the product of its constant local SPECIAL sizes."""
+  n, special = 1, UOps.SPECIAL
+  for u in uops:
+    if u.op is special and u.arg[1].startswith("l") and isinstance(u.arg[2], int): n *= u.arg[2]
+  return n
 
 def _wide_unsigned(dt: DType) -> DType: return dtypes.uint64 if dt.itemsize == 8 else dtypes.uint32
 
@@ -230,6 +258,10 @@ class CStyleLanguage(Renderer):
     if dt.count > 1: return f"*(({self.buffer_prefix}{self.render_dtype(dt)}*)({buf}+{idx})) = {val};"
     return f"{buf}[{idx}] = {self.to_storage(val, buf_dt)};"
 
+  def render_nontemporal_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
+    """A STORE marked Mark.NONTEMPORAL (a hint: a dialect without such stores spells a plain one)."""
+    return self.render_store(buf, idx, val, dt, buf_dt)
+
   def render_vectorize(self, dt: DType, elems: list[str]) -> str:
     return f"(({self.render_dtype(dt)})({', '.join(elems)}))"
 
@@ -272,7 +304,7 @@ class CStyleLanguage(Renderer):
 
   def helper(self, name: str, code: str) -> str:
     """Register the preamble function `name` (once per render) and return its name."""
-    if (helpers := getattr(_state, "helpers", None)) is not None: helpers.setdefault(name, code)
+    if (ctx := _current.get()) is not None: ctx.helpers.setdefault(name, code)
     return name
 
   def _suffix(self, dt: DType) -> str:
@@ -323,18 +355,21 @@ class CStyleLanguage(Renderer):
     return ret
 
   def render(self, name: str, uops: list[UOp]) -> str:
-    outer = getattr(_state, "helpers", None), getattr(_state, "workgroup", 1)
-    _state.helpers = {}
-    _state.workgroup = 1
-    special = UOps.SPECIAL
-    for u in uops:
-      if u.op is special and u.arg[1].startswith("l") and isinstance(u.arg[2], int): _state.workgroup *= u.arg[2]
-    try: return (self.emitter or Emitter)(self).emit(name, uops)
-    finally: _state.helpers, _state.workgroup = outer
+    """The source of uops, spelled exactly as listed (the passes ran before: kernopt.passes)."""
+    with rendering(self.render_context(uops)) as ctx: return (self.emitter or Emitter)(self, ctx).emit(name, uops)
+
+  def render_context(self, uops: list[UOp]) -> RenderContext:
+    """The context one render of uops spells in: what the spellings read about the whole list."""
+    return RenderContext(workgroup=workgroup_size(uops))
+
+  @property
+  def context(self) -> RenderContext:
+    """The context of the render in progress (an empty one outside a render)."""
+    return _current.get() or RenderContext()
 
   def workgroup_threads(self) -> int:
     """The threads in one workgroup of the kernel being rendered: the product of its local sizes."""
-    return getattr(_state, "workgroup", 1) or 1
+    return self.context.workgroup or 1
 
 @functools.lru_cache(None)
 def _merged_ops(cls: type) -> dict[ALUOp, Spelling]:
@@ -384,9 +419,9 @@ class Emitter:
   _prefixes = {UOps.ALU: "alu", UOps.CAST: "cast", UOps.BITCAST: "cast", UOps.LOAD: "val", UOps.DEFINE_ACC: "acc",
                UOps.RANGE: "ridx", UOps.VECTORIZE: "vec", UOps.GEP: "gep", UOps.WMMA: "wmma", UOps.DEFINE_LOCAL: "temp"}
 
-  def __init__(self, lang: CStyleLanguage):
-    self.lang = lang
-    self.r: dict[UOp, str] = {}
+  def __init__(self, lang: CStyleLanguage, ctx: Optional[RenderContext] = None):
+    self.lang, self.ctx = lang, ctx if ctx is not None else RenderContext()
+    self.r: dict[UOp, str] = self.ctx.names
     self.counts: dict[str, int] = {}
     self.lines: list[str] = []
     self.depth = 1
@@ -437,14 +472,14 @@ class Emitter:
     key = (t, val if t is not float or (val == val and val != 0) else repr(val), id(dt))
     if (hit := self.consts.get(key)) is not None and hit[0] is dt:
       if hit[2]:
-        helpers = _state.helpers
+        helpers = self.ctx.helpers
         for k, v in hit[2]: helpers.setdefault(k, v)
       return hit[1]
-    outer = _state.helpers
+    outer = self.ctx.helpers
     mine: dict[str, str] = {}
-    _state.helpers = mine
+    self.ctx.helpers = mine
     try: ret = self.lang.render_const(val, dt)
-    finally: _state.helpers = outer
+    finally: self.ctx.helpers = outer
     for k, v in mine.items(): outer.setdefault(k, v)
     if len(self.consts) > 4096: self.consts.clear()
     self.consts[key] = (dt, ret, tuple(mine.items()))   # the entry keeps dt alive: its id is not reused
@@ -467,7 +502,7 @@ class Emitter:
       elif op is _DEFINE_GLOBAL:
         idx, bname, writable = u.arg
         dt = dtype_of(u)
-        if isinstance(dt, ImageDType) and not lang.supports_images:
+        if isinstance(dt, ImageDType) and not lang.caps.supports_images:
           raise UnsupportedError(f"{lang.dialect_name} has no images: buffer {bname} is {dt}")
         bufs.append((idx, lang.render_param(bname, dt, writable)))
         r[u] = bname
@@ -510,7 +545,7 @@ class Emitter:
       elif op is _SINK: pass
       else: raise UnsupportedError(f"{lang.dialect_name} can't render {op.name}")
     params = [p for _, p in sorted(bufs)] + [variables[k] for k in sorted(variables)]
-    return lang.render_kernel(name, params, self.lines, list(_state.helpers.values()))
+    return lang.render_kernel(name, params, self.lines, list(self.ctx.helpers.values()))
 
   def load(self, u: UOp) -> None:
     lang, r, src = self.lang, self.r, u.src
@@ -525,7 +560,9 @@ class Emitter:
     lang, r, src = self.lang, self.r, u.src
     buf_dt = dtype_of(src[0])
     if isinstance(buf_dt, ImageDType): stmt = lang.render_image_store(u, [r[s] for s in src])
-    else: stmt = lang.render_store(r[src[0]], r[src[1]], r[src[2]], dtype_of(src[2]), buf_dt)
+    else:
+      spell = lang.render_nontemporal_store if u.arg is Mark.NONTEMPORAL else lang.render_store
+      stmt = spell(r[src[0]], r[src[1]], r[src[2]], dtype_of(src[2]), buf_dt)
     self.line(f"if ({r[src[3]]}) {{ {stmt} }}" if len(src) == 4 else stmt)
 
 # ***** the C dialect *****
@@ -565,13 +602,9 @@ class CRenderer(CStyleLanguage):
   float, each ALU result
   rounded back to nearest even (so results match ops.exec_alu bit for bit). Integer ops have no undefined
   behaviour. Vector types use GCC vector extensions and unaligned memcpy access."""
-  device = "CPU"
-  has_local = False
-  has_shared = True   # declared, but without local threads nothing uses it
-  supports_float4 = False
-  global_max = None
-  local_max = (0x8FFFFFFF,) * 3
-  shared_max = 32768
+  # has_shared is declared, but without local threads nothing uses it
+  caps = Capabilities(device="CPU", has_local=False, has_shared=True, supports_float4=False, global_max=None,
+                      local_max=(0x8FFFFFFF,) * 3, shared_max=32768)
   arg_int_prefix = "int"
   buffer_suffix = " restrict"
   includes = ("#include <math.h>", "#include <stdbool.h>", "#include <stdint.h>", "#include <string.h>")

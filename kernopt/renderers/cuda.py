@@ -2,18 +2,29 @@
 threadIdx for SPECIALs, `__shared__` arrays, `__syncthreads()`. half (<cuda_fp16.h>) and `__nv_bfloat16`
 (<cuda_bf16.h>) are storage types: loaded into float, computed in float, each result rounded to nearest even, so
 results equal ops.exec_alu's. Vectors are CUDA's builtin float4-style types or small aligned structs; tensor cores
-are `mma.sync.m16n8k16` in inline PTX. Needs no CUDA header beyond those two (NVRTC-friendly)."""
+are `mma.sync.m16n8k16` in inline PTX. Needs no CUDA header beyond those two (NVRTC-friendly).
+Imports dtype, errors, renderers and uops."""
 from __future__ import annotations
+from dataclasses import replace
 from typing import Any, Optional
 from kernopt.dtype import DType, dtypes
 from kernopt.errors import UnsupportedError
-from kernopt.renderers import TensorCore
+from kernopt.renderers import Capabilities, TCLayout, TensorCore
 from kernopt.renderers.cstyle import CStyleLanguage, dtype_of
 from kernopt.uops import UOp
 
+# the PTX m16n8k16 fragment layout, reached by a fixed Opt sequence (DESIGN.md: nothing derived from `threads`)
+CUDA_TC_LAYOUT = TCLayout(upcast=(0, 2, 2), reduce=(0, 1), warp=(2, 2, 2, 2, 2), tcd=(8, 2, 4), tcd_expand=(2,) * 6,
+                          perm_a=(((1, 1), (1, 0), (0, 2), (0, 3), (0, 4)),
+                                  ((1, 3), (1, 4), (1, 2), (0, 0), (0, 1), (1, 5))),
+                          perm_b=(((1, 1), (1, 0), (1, 5), (0, 0), (0, 1)),
+                                  ((0, 4), (0, 2), (1, 4), (0, 3), (1, 3), (1, 2))))
+CUDA_TC_OPTS = (("UNROLL", 2, 8), ("UNROLL", 2, 2), ("UPCAST", 0, 2), *(("LOCAL", d, 2) for d in (0, 0, 1, 1, 1)),
+                ("UPCAST", 1, 2), ("MERGE", None, None))   # the last MERGE makes the fragment one upcasted axis
 CUDA_TENSOR_CORES = tuple(TensorCore(dims=(8, 16, 16), dtype_in=di, dtype_out=dtypes.float,
                                      threads=((0, 2), (0, 2), (1, 2), (1, 2), (0, 2)),
-                                     thread_local_sizes=((2, 2, 2), (2, 2), (2, 2)))
+                                     thread_local_sizes=((2, 2, 2), (2, 2), (2, 2)), opts=CUDA_TC_OPTS,
+                                     layout=CUDA_TC_LAYOUT)
                           for di in (dtypes.half, dtypes.bfloat16))
 
 # scalar dtype -> the base name of CUDA's builtin vector types (char4, uint2, longlong4, float4, ...)
@@ -24,12 +35,10 @@ _FIELDS = "xyzw"
 
 class CUDARenderer(CStyleLanguage):
   """CUDA C++ for nvcc or NVRTC. `arch` ("sm_80") selects the tensor cores (sm_80 and later)."""
-  device = "CUDA"
+  caps = Capabilities(device="CUDA", global_max=(2147483647, 65535, 65535), local_max=(1024, 1024, 64),
+                      max_local_size=1024, shared_max=49152, arch="sm_80", tensor_cores=CUDA_TENSOR_CORES)
+  key_caps = ("arch", "heuristics", "sm_count")
   suffix = "cu"
-  global_max = (2147483647, 65535, 65535)
-  local_max = (1024, 1024, 64)
-  max_local_size = 1024
-  shared_max = 49152
 
   kernel_prefix = 'extern "C" __global__ '
   smem_prefix = "__shared__ __align__(16) "
@@ -52,11 +61,8 @@ class CUDARenderer(CStyleLanguage):
       raise UnsupportedError(f"CUDA arch must look like 'sm_80', got {arch!r}")
     if heuristics not in ("spec", "cuda_gpu"): raise UnsupportedError(f"CUDA has no heuristics {heuristics!r}")
     if sm_count is not None and sm_count < 1: raise UnsupportedError(f"CUDA sm_count must be positive, got {sm_count}")
-    self.arch, self.heuristics, self.sm_count = arch, heuristics, sm_count
-    self.tensor_cores = CUDA_TENSOR_CORES if int(arch[3:]) >= 80 else ()
-
-  def capabilities(self) -> dict:
-    return {**super().capabilities(), "arch": self.arch, "heuristics": self.heuristics, "sm_count": self.sm_count}
+    self.caps = replace(self.caps, arch=arch, heuristics=heuristics, sm_count=sm_count,
+                        tensor_cores=CUDA_TENSOR_CORES if int(arch[3:]) >= 80 else ())
 
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
     bounds = self.workgroup_threads()
@@ -133,7 +139,8 @@ class CUDARenderer(CStyleLanguage):
     if (arg.dims, arg.dtype_out) != ((8, 16, 16), dtypes.float) or arg.dtype_in not in (dtypes.half, dtypes.bfloat16):
       raise UnsupportedError(f"{self.dialect_name} has no tensor core {arg.name} (dims {arg.dims}, "
                              f"{arg.dtype_in} -> {arg.dtype_out})")
-    if int(self.arch[3:]) < 80: raise UnsupportedError(f"{self.dialect_name}: {arg.name} needs sm_80, not {self.arch}")
+    if int(self.caps.arch[3:]) < 80:
+      raise UnsupportedError(f"{self.dialect_name}: {arg.name} needs sm_80, not {self.caps.arch}")
     a_t, b_t, c_t = (self.render_dtype(dtype_of(s)) for s in u.src)
     kind = "f16" if arg.dtype_in == dtypes.half else "bf16"
     name = f"ko_mma_m16n8k16_{kind}_f32"

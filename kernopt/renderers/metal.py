@@ -1,25 +1,31 @@
 """The Metal Shading Language dialect (device "METAL"): `kernel void` functions over `device` buffers bound with
 [[buffer(i)]], threadgroup ids for SPECIALs, `threadgroup` arrays and barriers. half is native (its +, *, /, sqrt
 are correctly rounded, so they equal ops.exec_alu's float-then-round); bfloat16 is a ushort bit pattern computed in
-float; Metal has no double. Tensor cores are simdgroup_matrix 8x8 multiply-accumulates."""
+float; Metal has no double. Tensor cores are simdgroup_matrix 8x8 multiply-accumulates.
+Imports dtype, errors, renderers and uops."""
 from __future__ import annotations
 from typing import Any
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError
-from kernopt.renderers import TensorCore
+from kernopt.renderers import Capabilities, TCLayout, TensorCore
 from kernopt.renderers.cstyle import CStyleLanguage
 from kernopt.uops import UOp
 
+METAL_TC_LAYOUT = TCLayout(upcast=(1, 1, 1), reduce=(0,), warp=(2, 4, 2, 2), tcd=(8, 2), tcd_expand=(2, 2, 2, 2),
+                           perm_a=(((1, 1), (0, 1), (1, 0), (0, 3)), ((0, 0), (0, 2), (1, 3), (1, 2))),
+                           perm_b=(((0, 0), (1, 1), (1, 2), (0, 2), (1, 0)), ((0, 1), (0, 3), (1, 3))))
+# K unrolled, the part of N the threads don't cover upcast, then the threads as `threads` lists them
+METAL_TC_OPTS = (("UNROLL", 2, 8), ("UPCAST", 0, 2), ("LOCAL", 0, 2), ("LOCAL", 1, 4), ("LOCAL", 0, 2), ("LOCAL", 1, 2))
 METAL_TENSOR_CORES = tuple(TensorCore(dims=(8, 8, 8), dtype_in=di, dtype_out=do,
-                                      threads=((0, 2), (1, 4), (0, 2), (1, 2)), thread_local_sizes=((2,), (2,), (2,)))
+                                      threads=((0, 2), (1, 4), (0, 2), (1, 2)), thread_local_sizes=((2,), (2,), (2,)),
+                                      opts=METAL_TC_OPTS, layout=METAL_TC_LAYOUT)
                            for di, do in ((dtypes.float, dtypes.float), (dtypes.half, dtypes.float),
                                           (dtypes.half, dtypes.half)))
 _FIELDS = "xyzw"
 
 class MetalRenderer(CStyleLanguage):
-  device = "METAL"
+  caps = Capabilities(device="METAL", tensor_cores=METAL_TENSOR_CORES)
   suffix = "metal"
-  tensor_cores = METAL_TENSOR_CORES
 
   kernel_prefix = "kernel "
   buffer_prefix = "device "

@@ -1,26 +1,28 @@
 """The native profile of the C dialect: `NativeCRenderer` is `CRenderer` configured for the host CPU (vector width
-from the ISA, thread count, raised upcast limit). It packs upcast lanes into GCC vector ops (renderers/vectorize.py)
-and splits the outermost non-reduce loop across threads (OpenMP, or a pthread pool rendered into the kernel).
-Every departure from the static C profile is listed in docs/cpu.md. Imports dtype, errors, helpers, uops, renderers."""
+from the ISA, thread count, raised upcast limit). Its capabilities ask for kernopt/passes' CPU pipeline (lane packing
+into GCC vector ops, loop interchange, reduce blocking, panel packing, the parallel loop, non-temporal stores); it
+spells what those passes marked: the parallel loop split across threads (OpenMP, or a pthread pool rendered into the
+kernel), a blocked reduce, non-temporal stores. Every departure from the static C profile is listed in docs/cpu.md.
+Imports dtype, errors, helpers, ops, uops and renderers."""
 from __future__ import annotations
 import functools
 import operator
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
-from kernopt.dtype import DType, ImageDType, dtypes
+from kernopt.dtype import DType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.helpers import getconfig
-from kernopt.ops import BinaryOps, TernaryOps, exec_alu
-from kernopt.renderers.cstyle import CRenderer, Emitter
-from kernopt.renderers.vectorize import pack_lanes
-from kernopt.uops import UOp, UOps, flops_mem
+from kernopt.ops import BinaryOps, TernaryOps
+from kernopt.renderers import Capabilities
+from kernopt.renderers.cstyle import CRenderer, Emitter, RenderContext
+from kernopt.uops import Mark, ReduceBlock, UOp, UOps, loop_mark
 
 PARALLEL_MODES = ("pthread", "openmp", "none")
 # ALU ops + bytes moved below which a kernel runs on one thread: starting workers costs more than it saves
 MIN_PARALLEL_WORK = 1 << 20
-# reduce steps per block when a matmul-like kernel's reduce is split (`block_reduce`): its B panel then stays in L2
+# reduce steps per block when a matmul-like kernel's reduce is split (reduce blocking): its B panel then stays in L2
 REDUCE_BLOCK = 256
 # a loop-free-but-one elementwise kernel storing at least this many float32 elements writes them with non-temporal
 # stores (its output is bigger than the caches and written once: no read-for-ownership of every line)
@@ -124,64 +126,51 @@ class _NativeEmitter(Emitter):
     self.line(f"{self.value_dtype(u.dtype)} {v} = "
               f"{self.lang.render_masked_load(r[u.src[0]], r[u.src[1]], r[u.src[2]], u.dtype)};")  # type: ignore
 
+def native_capabilities(vector_width: Optional[int] = None, threads: Optional[int] = None, parallel: str = "pthread",
+                        min_parallel_work: int = MIN_PARALLEL_WORK, fused_accumulate: Optional[bool] = None,
+                        march: Optional[str] = None, isa: Optional[IsaFacts] = None) -> Capabilities:
+  """The native profile's record: the static C profile's, filled in from the host. `isa` (a target other than this
+  host: no host check; default: isa_facts(march)) gives the ISA, the default vector width and whether float32 SUMs of
+  products fuse (MULACC in one rounding, as BLAS does); `threads` defaults to CPU_THREADS, else the cores the process
+  may use, and one thread runs with `parallel` "none"."""
+  if type(parallel) is not str or parallel not in PARALLEL_MODES:
+    raise UnsupportedError(f"parallel must be one of {PARALLEL_MODES}, got {parallel!r}")
+  if type(min_parallel_work) is not int or min_parallel_work < 0:
+    raise UnsupportedError(f"min_parallel_work must be a non-negative int, got {min_parallel_work!r}")
+  if fused_accumulate is not None and type(fused_accumulate) is not bool:
+    raise UnsupportedError(f"fused_accumulate must be None or a bool, got {fused_accumulate!r}")
+  isa = isa if isa is not None else isa_facts(march)
+  width = vector_width if vector_width is not None else isa.vector_width
+  if type(width) is not int or not 1 <= width <= 64 or width & (width - 1):
+    raise UnsupportedError(f"vector_width must be a power of two in [1, 64], got {width!r}")
+  n = _check_threads(threads if threads is not None else (getconfig().CPU_THREADS or host_threads()))
+  # pin_loads: vector loads pinned to a register (an empty asm), so GCC reads each once instead of folding it into
+  # every op; masked_loads: a padded conv's contiguous gated input as one masked vector load; stream_stores: big
+  # elementwise outputs written with non-temporal stores (`streams`), fenced before the kernel returns
+  return replace(CRenderer.caps, heuristics="cpu_native", vector_width=width, max_upcast=max(8, 2 * width),
+                 march=isa.march, isa_vector_width=isa.vector_width, threads=n, parallel=parallel if n > 1 else "none",
+                 schedule="static", min_parallel_work=min_parallel_work, interchange=True,
+                 pin_loads=_VECTOR_REG.get(platform.machine().lower()), masked_loads=True, reduce_block=REDUCE_BLOCK,
+                 panel_elements=PANEL_ELEMENTS, stream_stores=True, stream_min=STREAM_MIN,
+                 fused_accumulate=isa.fma if fused_accumulate is None else fused_accumulate)
+
 class NativeCRenderer(CRenderer):
-  """CRenderer for this host: `vector_width` fp32 lanes, `threads` workers (default: CPU_THREADS, else the cores the
-  process may use), `parallel` in PARALLEL_MODES; kernels estimated below `min_parallel_work` (ALU ops + bytes) run
-  on one thread; `fused_accumulate` (default: whether the host has FMA) makes float32 SUMs of products accumulate in
-  one rounding (MULACC). The heuristics read `heuristics == "cpu_native"`."""
-  heuristics = "cpu_native"
+  """CRenderer for this host, its record `native_capabilities(...)` of the same arguments: `vector_width` fp32 lanes,
+  `threads` workers, `parallel` in PARALLEL_MODES; kernels estimated below `min_parallel_work` (ALU ops + bytes) run
+  on one thread; `fused_accumulate` (default: whether the ISA has FMA) makes float32 SUMs of products accumulate in
+  one rounding (MULACC). Its heuristics profile is "cpu_native" (heuristics_cpu)."""
+  key_caps = ("march", "isa_vector_width", "vector_width", "threads", "parallel", "min_parallel_work", "interchange",
+              "pin_loads", "masked_loads", "reduce_block", "panel_elements", "stream_stores")
   emitter = _NativeEmitter
 
   def __init__(self, vector_width: Optional[int] = None, threads: Optional[int] = None, parallel: str = "pthread",
                min_parallel_work: int = MIN_PARALLEL_WORK, fused_accumulate: Optional[bool] = None,
                march: Optional[str] = None, isa: Optional[IsaFacts] = None):
-    if type(parallel) is not str or parallel not in PARALLEL_MODES:
-      raise UnsupportedError(f"parallel must be one of {PARALLEL_MODES}, got {parallel!r}")
-    if type(min_parallel_work) is not int or min_parallel_work < 0:
-      raise UnsupportedError(f"min_parallel_work must be a non-negative int, got {min_parallel_work!r}")
-    if fused_accumulate is not None and type(fused_accumulate) is not bool:
-      raise UnsupportedError(f"fused_accumulate must be None or a bool, got {fused_accumulate!r}")
-    # `isa` renders for a target other than this host (no host check); else the facts of `march` on this host
-    self.isa = isa if isa is not None else isa_facts(march)
-    self.vector_width = vector_width if vector_width is not None else self.isa.vector_width
-    if type(self.vector_width) is not int or not 1 <= self.vector_width <= 64 or \
-       self.vector_width & (self.vector_width - 1):
-      raise UnsupportedError(f"vector_width must be a power of two in [1, 64], got {self.vector_width!r}")
-    self.threads = _check_threads(threads if threads is not None else (getconfig().CPU_THREADS or host_threads()))
-    self.parallel = parallel if self.threads > 1 else "none"
-    self.max_upcast = max(8, 2 * self.vector_width)
-    self.schedule = "static"
-    self.min_parallel_work = min_parallel_work
-    self.interchange = True
-    # vector loads pinned to a register (an empty asm), so GCC reads each once instead of folding it into every op
-    self.pin_loads: Optional[str] = _VECTOR_REG.get(platform.machine().lower())
-    # contiguous gated loads (a padded conv's input) as one masked vector load instead of a gather of the lanes
-    self.masked_loads = True
-    self.reduce_block = REDUCE_BLOCK
-    # most elements of a packed B panel (pack_panel; 0: off)
-    self.panel_elements = PANEL_ELEMENTS
-    # big elementwise outputs written with non-temporal stores (`streams`), fenced before the kernel returns
-    self.stream_stores = True
-    # a matmul's K x N SUM accumulates a*b in one rounding (MULACC), as BLAS does: one instruction instead of two
-    self.fused_accumulate = self.isa.fma if fused_accumulate is None else fused_accumulate
-    self._loop: Optional[UOp] = None
-    self._inner: Optional[UOp] = None   # the loop split together with _loop (collapsed_loop)
-    self._flat = ""
-    self._blocked: Optional[tuple[UOp, UOp, int]] = None   # (block RANGE, reduce RANGE, steps) of this render
-    self._stream = False   # this render's vector float32 stores are non-temporal
-    self._block_var = ""
-
-  def capabilities(self) -> dict[str, Any]:
-    return {**super().capabilities(), "march": self.isa.march, "isa_vector_width": self.isa.vector_width,
-            "vector_width": self.vector_width,
-            "threads": self.threads,
-            "parallel": self.parallel, "min_parallel_work": self.min_parallel_work, "interchange": self.interchange,
-            "pin_loads": self.pin_loads, "masked_loads": self.masked_loads, "reduce_block": self.reduce_block,
-            "panel_elements": self.panel_elements, "fused_accumulate": self.fused_accumulate,
-            "stream_stores": self.stream_stores}
+    self.caps = native_capabilities(vector_width, threads, parallel, min_parallel_work, fused_accumulate, march, isa)
 
   def __repr__(self) -> str:
-    return f"NativeCRenderer(vector_width={self.vector_width}, threads={self.threads}, parallel={self.parallel!r})"
+    c = self.caps
+    return f"NativeCRenderer(vector_width={c.vector_width}, threads={c.threads}, parallel={c.parallel!r})"
 
   # ***** vector ALU (GCC vector extensions; lanes compute exactly the scalar op) *****
 
@@ -216,86 +205,49 @@ class NativeCRenderer(CRenderer):
   def _pinnable(self, dt: DType) -> bool:
     """Whether a dt vector fits one register of the target ISA, so the pinning asm's constraint can be met (a pinned
     vector_width wider than the ISA's registers is split by the compiler, and is not pinned)."""
-    return self.pin_loads is not None and dt.count * dt.scalar().itemsize <= 4 * self.isa.vector_width
+    return self.caps.pin_loads is not None and dt.count * dt.scalar().itemsize <= 4 * self.caps.isa_vector_width
 
-  # ***** threads *****
+  # ***** threads and the passes' marks *****
 
-  def parallel_loop(self, uops: list[UOp]) -> Optional[UOp]:
-    """The outermost loop if it is a non-reduce RANGE that no accumulator outside it carries across iterations."""
-    if self.parallel == "none": return None
-    first = next((i for i, u in enumerate(uops) if u.op is UOps.RANGE), None)
-    if first is None or uops[first].arg[1]: return None
-    rng = uops[first]
-    if any(u.op in (UOps.DEFINE_ACC, UOps.DEFINE_LOCAL, UOps.BARRIER, UOps.SPECIAL) for u in uops[:first]): return None
-    flops, mem = flops_mem(uops)
-    if isinstance(flops, int) and isinstance(mem, int) and flops + mem < self.min_parallel_work: return None
-    return rng
+  def render_context(self, uops: list[UOp]) -> NativeContext:
+    return native_context(uops, self.parallel)
 
-  def collapsed_loop(self, uops: list[UOp], rng: UOp) -> Optional[UOp]:
-    """The loop directly inside parallel loop rng that the pthread pool splits together with it (one flat index over
-    both), so a short outer loop (conv's 16 channel tiles) still gives every thread many small chunks: a non-reduce
-    RANGE with constant bounds, only index math between the two, closed right before rng, and not a reduce block
-    (whose iterations depend on each other through memory)."""
-    if self.parallel != "pthread" or any(s.op is not UOps.CONST for s in rng.src): return None
-    i0 = uops.index(rng)
-    i1 = next((i for i in range(i0 + 1, len(uops)) if uops[i].op not in (UOps.ALU, UOps.CONST)), None)
-    if i1 is None or uops[i1].op is not UOps.RANGE: return None
-    inner = uops[i1]
-    if inner.arg[1] or any(s.op is not UOps.CONST for s in inner.src): return None
-    if self._blocked is not None and inner is self._blocked[0]: return None
-    ends = [i for i, u in enumerate(uops) if u.op is UOps.ENDRANGE and u.src[0] in (rng, inner)]
-    if len(ends) != 2 or uops[ends[0]].src[0] is not inner or ends[1] != ends[0] + 1: return None
-    return inner
+  def _context(self) -> NativeContext:
+    ctx = self.context
+    return ctx if isinstance(ctx, NativeContext) else NativeContext()
 
   def render_range(self, u: UOp, var: str, start: str, end: str) -> list[str]:
-    if self._blocked is not None and u is self._blocked[0]: self._block_var = var
+    ctx = self._context()
     it = self.render_dtype(u.dtype or dtypes.int32)   # int64_t where the lowerer found int32 indices not enough
-    if self._blocked is not None and u is self._blocked[1]:
-      steps = self._blocked[2]
-      return [f"for ({it} {var} = {self._block_var}*{steps}; {var} < {self._block_var}*{steps} + {steps}; "
-              f"{var}++) {{"]
-    if u is self._inner:
-      return [f"{{ {it} {var} = ({it})({start}) + ({it})({self._flat} % (int64_t)(({end}) - ({start})));"]
-    if u is not self._loop: return super().render_range(u, var, start, end)
+    if (block := ctx.blocks.get(u)) is not None:
+      b, steps = ctx.names[block[0]], block[1]
+      return [f"for ({it} {var} = {b}*{steps}; {var} < {b}*{steps} + {steps}; {var}++) {{"]
+    if u is ctx.inner and ctx.loop is not None:
+      flat = f"{ctx.names[ctx.loop]}_f"
+      return [f"{{ {it} {var} = ({it})({start}) + ({it})({flat} % (int64_t)(({end}) - ({start})));"]
+    if u is not ctx.loop: return super().render_range(u, var, start, end)
     if self.parallel == "openmp":
       return [f"#pragma omp parallel for schedule({self.schedule}) num_threads({self.threads})",
               f"for ({it} {var} = {start}; {var} < {end}; {var}++) {{"]
     # pthread pool: workers (and the launching thread) claim chunks of iterations until none is left
-    n, c, chunk = f"{var}_n", f"{var}_c", f"{var}_chunk"
-    if self._inner is not None:
-      self._flat = f = f"{var}_f"
-      m = f"(int64_t)({self._inner.src[1].arg} - {self._inner.src[0].arg})"
+    n, c, chunk, chunks = f"{var}_n", f"{var}_c", f"{var}_chunk", self.chunks(ctx)
+    if ctx.inner is not None:
+      f = f"{var}_f"
+      m = f"(int64_t)({ctx.inner.src[1].arg} - {ctx.inner.src[0].arg})"
       return [f"int64_t {n} = ((int64_t)({end}) - (int64_t)({start})) * {m};",
-              f"int64_t {chunk} = ({n} + {self.chunks - 1}) / {self.chunks};",
+              f"int64_t {chunk} = ({n} + {chunks - 1}) / {chunks};",
               f"for (int {c} = ko_claim(ko_ctx); {c} >= 0; {c} = ko_claim(ko_ctx)) "
               f"for (int64_t {f} = {c}*{chunk}; {f} < {n} && {f} < ({c}+1)*{chunk}; {f}++) {{ "
               f"{it} {var} = ({it})({start}) + ({it})({f} / {m});"]
     return [f"int64_t {n} = (int64_t)({end}) - (int64_t)({start});",
-            f"int64_t {chunk} = ({n} + {self.chunks - 1}) / {self.chunks};",
+            f"int64_t {chunk} = ({n} + {chunks - 1}) / {chunks};",
             f"for (int {c} = ko_claim(ko_ctx); {c} >= 0; {c} = ko_claim(ko_ctx)) "
             f"for ({it} {var} = ({it})({start} + {c}*{chunk}); "
             f"{var} < {end} && {var} < {start} + ({c}+1)*{chunk}; {var}++) {{"]
 
-  @property
-  def chunks(self) -> int:
+  def chunks(self, ctx: NativeContext) -> int:
     """Chunks the parallel loop is cut into, claimed dynamically: finer when it is collapsed with the next loop."""
-    return (CHUNKS_PER_THREAD if self._inner is not None else 4) * self.threads
-
-  def render(self, name: str, uops: list[UOp]) -> str:
-    uops = list(uops)
-    swapped = False
-    if self.interchange:
-      new = interchange_outer_loops(uops)
-      uops, swapped = new, new is not uops
-    uops = pack_lanes(uops, self.vector_width, masked=self.masked_loads)
-    self._loop = self.parallel_loop(uops)
-    if swapped and self.reduce_block: uops, self._blocked = block_reduce(uops, self.reduce_block)
-    if swapped and self.panel_elements: uops = pack_panel(uops, self._blocked, self.panel_elements)
-    self._inner = self.collapsed_loop(uops, self._loop) if self._loop is not None else None
-    # (OpenMP's workers would need a fence of their own after the loop: not streamed)
-    self._stream = self.stream_stores and self.parallel != "openmp" and streams(uops, self.vector_width)
-    try: return super().render(name, uops)
-    finally: self._loop, self._inner, self._blocked, self._stream = None, None, None, False
+    return (CHUNKS_PER_THREAD if ctx.inner is not None else 4) * self.threads
 
   def render_local(self, name: str, dt: DType, size: int) -> str:
     return f"{self.render_dtype(dt)} {name}[{size}] __attribute__((aligned(64)));"
@@ -313,9 +265,9 @@ class NativeCRenderer(CRenderer):
                 else f"{head} {loop} }}")
     return f"{name}({buf}, {idx}, {mask})"
 
-  def render_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
-    if not self._stream or dt.count != self.vector_width or dt.scalar() != dtypes.float32:
-      return super().render_store(buf, idx, val, dt, buf_dt)
+  def render_nontemporal_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
+    if dt.count != self.vector_width or dt.scalar() != dtypes.float32:
+      return self.render_store(buf, idx, val, dt, buf_dt)
     vt = self.render_dtype(dt)
     name = f"ko_stream_{vt}"
     self.helper(name, _stream_helper(name, vt, dt.count))
@@ -324,9 +276,11 @@ class NativeCRenderer(CRenderer):
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
     # non-temporal stores are fenced before the work is reported done: here at the end of a serial kernel, in the
     # pool by each thread before it reports a chunk (ko_claim)
-    if self._stream and (self._loop is None or self.parallel != "pthread"): body = body + ["  ko_stream_fence();"]
-    if self._loop is None or self.parallel != "pthread": return super().render_kernel(name, params, body, preamble)
-    return _pthread_kernel(self, name, params, body, preamble)
+    ctx = self._context()
+    pool = ctx.loop is not None and self.parallel == "pthread"
+    if ctx.stream and not pool: body = body + ["  ko_stream_fence();"]
+    if not pool: return super().render_kernel(name, params, body, preamble)
+    return _pthread_kernel(self, ctx, name, params, body, preamble)
 
 # x86 non-temporal store of n floats: (builtin, ISA macro)
 _MOVNT = {4: ("__builtin_ia32_movntps", "__SSE__"), 8: ("__builtin_ia32_movntps256", "__AVX__"),
@@ -468,13 +422,14 @@ static void ko_launch(void (*fn)(void*, ko_ctx_t*), void* args) {
   pthread_mutex_unlock(&ko_launch_mu);
 }"""
 
-def _pthread_kernel(r: NativeCRenderer, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
+def _pthread_kernel(r: NativeCRenderer, ctx: NativeContext, name: str, params: list[str], body: list[str],
+                    preamble: list[str]) -> str:
   """The body as `static void name_part(params, ko_ctx_t* ko_ctx)`; `name` packs its arguments and hands
   name_part to the shared object's pool (_POOL)."""
   names = [p.split()[-1] for p in params]
   fields = "".join(f" {p.replace(' restrict', '')};" for p in params)
-  pool = _POOL.replace("KO_CHUNKS", str(r.chunks)).replace("KO_THREADS", str(r.threads)) \
-    .replace("KO_FENCE ", "ko_stream_fence(); " if r._stream else "")
+  pool = _POOL.replace("KO_CHUNKS", str(r.chunks(ctx))).replace("KO_THREADS", str(r.threads)) \
+    .replace("KO_FENCE ", "ko_stream_fence(); " if ctx.stream else "")
   head = "\n".join([*r.includes, "#include <pthread.h>", "#include <sched.h>", *preamble, pool])
   part = f"static void {name}_part({', '.join(params + ['ko_ctx_t* ko_ctx'])}) {{\n" + "\n".join(body) + "\n}\n"
   args = ", ".join([f"a->{n}" for n in names] + ["c"])
@@ -485,215 +440,44 @@ def _pthread_kernel(r: NativeCRenderer, name: str, params: list[str], body: list
           f"  ko_launch({name}_job, &a);\n}}\n")
   return f"{head}\n{part}{thr}{main}"
 
-# ***** loop order *****
+# ***** the render context: the passes' marks, found in the final list *****
 
-def _index_value(u: UOp, env: dict[UOp, int], memo: dict[UOp, Optional[int]]) -> Optional[int]:
-  """The integer value of index expression u with the loops in env (others at 0); None if it reads memory."""
-  if u in memo: return memo[u]
-  ret: Optional[int] = None
-  if u.op is UOps.CONST and isinstance(u.arg, int): ret = u.arg
-  elif u.op in (UOps.RANGE, UOps.DEFINE_VAR): ret = env.get(u, 0)
-  elif u.op is UOps.ALU and u.dtype is not None and u.dtype.count == 1:
-    vals = [_index_value(s, env, memo) for s in u.src]
-    if all(v is not None for v in vals): ret = exec_alu(u.arg, u.src[-1].dtype or u.dtype, tuple(vals))
-  memo[u] = ret
-  return ret
+@dataclass
+class NativeContext(RenderContext):
+  """A native render's schedule, read from the passes' marks: the PARALLEL loop split across threads (`loop`), the
+  loop directly inside it split with it (`inner`, see collapsed_loop), each blocked reduce RANGE -> (its block RANGE,
+  steps), and whether any store is non-temporal (`stream`: then the kernel fences them)."""
+  loop: Optional[UOp] = None
+  inner: Optional[UOp] = None
+  blocks: dict[UOp, tuple[UOp, int]] = field(default_factory=dict)
+  stream: bool = False
 
-def _reduce_stride(idx: UOp, rng: UOp) -> Optional[int]:
-  lo, hi = _index_value(idx, {}, {}), _index_value(idx, {rng: 1}, {})
-  return None if lo is None or hi is None else hi - lo
-
-def interchange_outer_loops(uops: list[UOp]) -> list[UOp]:
-  """Swap the two outermost loops when both are non-reduce, perfectly nested (only index math between them), and
-  some load inside walks the reduce loop with a stride > 1 and depends on the inner one but not the outer one
-  (matmul's B): each of its panels is then reused by every iteration of the other loop instead of being streamed
-  again per tile. Every output element is still computed by the same code in the same order."""
-  ranges: list[int] = []
-  ends: dict[UOp, int] = {}
-  rng, end = UOps.RANGE, UOps.ENDRANGE
-  for i, u in enumerate(uops):
-    if u.op is rng: ranges.append(i)
-    elif u.op is end: ends[u.src[0]] = i
-  if len(ranges) < 3: return uops
-  i0, i1 = ranges[0], ranges[1]
-  r0, r1 = uops[i0], uops[i1]
-  if r0.arg[1] or r1.arg[1] or any(u.op not in (UOps.ALU, UOps.CONST) for u in uops[i0 + 1:i1]): return uops
-  if r0 in r1.parents: return uops
-  if r0 not in ends or r1 not in ends or ends[r0] != ends[r1] + 1: return uops
-  reduces = [uops[i] for i in ranges if uops[i].arg[1]]
-  def streamed(ld: UOp) -> bool:
-    deps = ld.src[1].parents | {ld.src[1]}
-    return r1 in deps and r0 not in deps and \
-      any(red in deps and (st := _reduce_stride(ld.src[1], red)) is not None and abs(st) > 1 for red in reduces)
-  load, glob = UOps.LOAD, UOps.DEFINE_GLOBAL
-  if not any(u.op is load and len(u.src) == 2 and u.src[0].op is glob and streamed(u) for u in uops[i1:]): return uops
-  body = uops[i1 + 1:ends[r1]]
-  return uops[:i0] + [r1, r0] + uops[i0 + 1:i1] + body + [uops[ends[r0]], uops[ends[r1]]] + uops[ends[r0] + 1:]
-
-def _closure(u: UOp, stop: set[UOp]) -> list[UOp]:
-  """u and the ALU/CONST ops it depends on that are not in `stop`, sources first."""
-  ret: list[UOp] = []
-  seen: set[UOp] = set()
-  def walk(x: UOp) -> None:
-    if x in seen or x in stop or x.op not in (UOps.ALU, UOps.CONST): return
-    seen.add(x)
-    for s in x.src: walk(s)
-    ret.append(x)
-  walk(u)
-  return ret
-
-def block_reduce(uops: list[UOp], steps: int) -> tuple[list[UOp], Optional[tuple[UOp, UOp, int]]]:
-  """Split the reduce of a loop-interchanged tile kernel (outer loop, tile loop, one reduce loop of K) into K/steps
-  blocks, the block loop between the two outer loops: each tile's accumulators start block b > 0 from the values
-  stored at the end of block b-1 (a float store and load are exact, so every sum is the same sequence of additions),
-  and a B panel of `steps` rows is reused by every tile while it is in L2. Returns the list and (block RANGE, reduce
-  RANGE, steps) for render_range, which runs the reduce from block*steps; (uops, None) when the kernel isn't one."""
-  none = (uops, None)
-  ranges = [i for i, u in enumerate(uops) if u.op is UOps.RANGE]
-  if len(ranges) != 3: return none
-  i0, i1, ik = ranges
-  r0, r1, rk = uops[i0], uops[i1], uops[ik]
-  if r0.arg[1] or r1.arg[1] or not rk.arg[1] or any(s.op is not UOps.CONST for s in rk.src): return none
-  lo, k = rk.src[0].arg, rk.src[1].arg
-  # at least 4 blocks: 1024^3 1 thread 36.5 -> 40.8 and 30.2 -> 35.2 GF/s; 512^3 in 2 blocks measured no faster
-  if lo != 0 or not isinstance(k, int) or k < 4 * steps or k % steps: return none
-  ends = {u.src[0]: i for i, u in enumerate(uops) if u.op is UOps.ENDRANGE}
-  if not (ends.get(rk, -1) < ends.get(r1, -1) == ends.get(r0, -1) - 1): return none
-  pre, post = uops[i1 + 1:ik], uops[ends[rk] + 1:ends[r1]]
-  if any(u.op not in (UOps.ALU, UOps.CONST, UOps.DEFINE_ACC) for u in pre) or \
-     any(u.op not in (UOps.ALU, UOps.CONST, UOps.STORE) for u in post): return none
-  accs = [u for u in pre if u.op is UOps.DEFINE_ACC]
-  loop = uops[ik:ends[rk] + 1]
-  phis = {u.src[0]: u for u in loop if u.op is UOps.PHI}
-  if len(phis) != len(accs) or sum(u.op is UOps.PHI for u in loop) != len(accs): return none
-  stores = [u for u in post if u.op is UOps.STORE]
-  stored = [s.src[2] for s in stores]
-  # each accumulator stored as is (no conversion: its stored value must read back exactly)
-  if any(len(s.src) != 3 or s.src[0].op is not UOps.DEFINE_GLOBAL or isinstance(s.src[0].dtype, ImageDType) or
-         s.src[2].dtype is None or s.src[0].dtype != s.src[2].dtype.scalar() for s in stores) or \
-     sorted(id(v) for v in stored) != sorted(id(phis.get(a)) for a in accs): return none
-  out_bufs = {s.src[0] for s in stores}
-  if any(u.op is UOps.LOAD and u.src[0] in out_bufs for u in uops): return none
-  # the stores' addresses, computed before the reduce loop (they depend on the outer loops only)
-  inside = set(loop)
-  before = set(uops[:ik])
-  moved: list[UOp] = []
-  for s in stores:
-    for x in _closure(s.src[1], before):
-      if x in inside: return none
-      if x not in moved: moved.append(x)
-  i32 = dtypes.int32
-  zero, nblk = UOp.const(i32, 0), UOp.const(i32, k // steps)
-  blk = UOp(UOps.RANGE, i32, (zero, nblk), (f"kblock{rk.arg[0]}", False))
-  later = UOp(UOps.ALU, dtypes.bool, (zero, blk), BinaryOps.CMPLT)
-  acc_of = {v: v.src[0] for v in stored}
-  resume: list[UOp] = [later]
-  for s in stores:
-    a = acc_of[s.src[2]]
-    resume.append(ld := UOp(UOps.LOAD, a.dtype, (s.src[0], s.src[1], later, a)))
-    resume.append(UOp(UOps.PHI, a.dtype, (a, ld)))
-  moved_set = set(moved)
-  new = uops[:i1] + [zero, nblk, blk, r1] + pre + moved + resume + loop + [u for u in post if u not in moved_set] + \
-    [uops[ends[r1]], UOp(UOps.ENDRANGE, None, (blk,)), uops[ends[r0]]] + uops[ends[r0] + 1:]
-  return new, (blk, rk, steps)
-
-# ***** B panel *****
-
-def _substitute(u: UOp, repl: dict[UOp, UOp], memo: dict[UOp, UOp]) -> UOp:
-  """u with every UOp in repl replaced (index math only: ALU, CONST and loop variables)."""
-  if u in repl: return repl[u]
-  if (ret := memo.get(u)) is not None: return ret
-  ret = u if not u.src else UOp(u.op, u.dtype, tuple(_substitute(s, repl, memo) for s in u.src), u.arg)
-  memo[u] = ret
-  return ret
-
-def pack_panel(uops: list[UOp], blocked: Optional[tuple[UOp, UOp, int]], max_elements: int) -> list[UOp]:
-  """Copy the streamed operand's panel (matmul's B: the loads inside the reduce loop that walk it with a stride > 1
-  and depend on the outer loop but not on the tile loop) into a contiguous stack buffer before the tile loop, and
-  read it from there. B's rows are N floats apart, so for a power-of-two N the rows of a panel share a handful of
-  cache sets and evict one another; packed, the panel is streamed once per outer iteration and then read
-  sequentially. Values are copied exactly, so results are unchanged. `blocked` is block_reduce's (block RANGE,
-  reduce RANGE, steps): the panel then holds one block. Returns uops unchanged when the kernel isn't such a tile."""
-  ranges = [i for i, u in enumerate(uops) if u.op is UOps.RANGE]
-  if len(ranges) < 3: return uops
-  i1, ik = ranges[-2], ranges[-1]
-  r1, rk = uops[i1], uops[ik]
-  ends = {u.src[0]: i for i, u in enumerate(uops) if u.op is UOps.ENDRANGE}
-  if r1.arg[1] or not rk.arg[1] or not ends.get(rk, -1) < ends.get(r1, -1): return uops
-  if any(s.op is not UOps.CONST or not isinstance(s.arg, int) for s in rk.src): return uops
-  blk, steps = (blocked[0], blocked[2]) if blocked is not None and blocked[1] is rk else \
-    (None, rk.src[1].arg - rk.src[0].arg)
-  allowed = {u for u in (uops[i] for i in ranges) if u is not r1}
-  loads: dict[UOp, DType] = {}
-  for u in uops[ik + 1:ends[rk]]:
-    if u.op is not UOps.LOAD or len(u.src) != 2 or u.src[0].op is not UOps.DEFINE_GLOBAL or u in loads: continue
-    if isinstance(u.src[0].dtype, ImageDType) or u.dtype is None: continue
-    deps = u.src[1].parents | {u.src[1]}
-    if rk not in deps or not {d for d in deps if d.op is UOps.RANGE} <= allowed: continue
-    if (stride := _reduce_stride(u.src[1], rk)) is None or abs(stride) <= 1: continue
-    loads[u] = u.dtype
-  row = sum(dt.count for dt in loads.values())
-  if not loads or steps * row > max_elements or len({dt.scalar() for dt in loads.values()}) != 1: return uops
-  i32 = dtypes.int32
-  c = lambda v: UOp.const(i32, v)  # noqa: E731
-  alu = lambda op, a, b: UOp(UOps.ALU, i32, (a, b), op)  # noqa: E731
-  panel = UOp(UOps.DEFINE_LOCAL, next(iter(loads.values())).scalar(), (), (f"panel{rk.arg[0]}", steps * row))
-  kk = UOp(UOps.RANGE, i32, (c(0), c(steps)), (f"panel{rk.arg[0]}", False))
-  start: UOp = alu(BinaryOps.MUL, blk, c(steps)) if blk is not None else rk.src[0]
-  before = set(uops[:i1])
-  copy: list[UOp] = [panel, *[x for x in (c(0), c(steps)) if x not in before], kk]
-  memo: dict[UOp, UOp] = {}
-  k_at = alu(BinaryOps.ADD, start, kk) if blk is not None or rk.src[0].arg else kk
-  rel: UOp = alu(BinaryOps.ADD, rk, alu(BinaryOps.MUL, blk, c(-steps))) if blk is not None else \
-    alu(BinaryOps.ADD, rk, c(-rk.src[0].arg)) if rk.src[0].arg else rk
-  repl: dict[UOp, list[UOp]] = {}
-  placed = before | set(uops[i1:ik + 1])
-  off = 0
-  def at_row(i: UOp, o: int) -> UOp:
-    return alu(BinaryOps.ADD, alu(BinaryOps.MUL, i, c(row)), c(o)) if o else alu(BinaryOps.MUL, i, c(row))
-  for ld, dt in loads.items():
-    dst = at_row(kk, off)
-    src = _substitute(ld.src[1], {rk: k_at}, memo)
-    val = UOp(UOps.LOAD, dt, (ld.src[0], src))
-    st = UOp(UOps.STORE, None, (panel, dst, val))
-    for x in _closure(src, before) + _closure(dst, before) + [val, st]:
-      if x not in copy: copy.append(x)
-    at = at_row(rel, off)
-    new = UOp(UOps.LOAD, dt, (panel, at))
-    repl[ld] = [*_closure(at, placed), new]
-    placed.update(repl[ld])
-    off += dt.count
-  copy.append(UOp(UOps.ENDRANGE, None, (kk,)))
-  out = uops[:i1] + copy
-  swap: dict[UOp, UOp] = {}
-  for u in uops[i1:]:
-    if u in repl:
-      out.extend(repl[u])
-      swap[u] = repl[u][-1]
-      continue
-    if any(s in swap for s in u.src):
-      u = swap.setdefault(u, UOp(u.op, u.dtype, tuple(swap.get(s, s) for s in u.src), u.arg))
-    out.append(u)
-  return out
-
-# ***** non-temporal stores *****
-
-def streams(uops: list[UOp], width: int) -> bool:
-  """An elementwise kernel (no reduce, no accumulator, no local memory) whose float32 outputs, stored only as
-  `width`-lane vectors and never read back by it, total at least STREAM_MIN elements over constant loops."""
-  trips, stored, stored_bufs = 1, 0, set()
+def native_context(uops: list[UOp], parallel: str) -> NativeContext:
+  """The context a native render of uops spells in, under threading mode `parallel` (PARALLEL_MODES)."""
+  loop: Optional[UOp] = None
+  blocks: dict[UOp, tuple[UOp, int]] = {}
+  stream = False
+  RANGE, STORE = UOps.RANGE, UOps.STORE
   for u in uops:
-    if u.op is UOps.RANGE:
-      lo, hi = u.src
-      if u.arg[1] or lo.op is not UOps.CONST or hi.op is not UOps.CONST: return False
-      trips *= hi.arg - lo.arg
-    elif u.op in (UOps.DEFINE_ACC, UOps.DEFINE_LOCAL, UOps.SPECIAL): return False
-    elif u.op is UOps.STORE:
-      dt = u.src[2].dtype
-      if u.src[0].op is not UOps.DEFINE_GLOBAL or u.src[0].dtype != dtypes.float32 or dt is None or \
-         dt.count != width or len(u.src) != 3: return False
-      stored += dt.count
-      stored_bufs.add(u.src[0])
-  if any(u.op is UOps.LOAD and u.src[0] in stored_bufs for u in uops): return False
-  return stored > 0 and trips * stored >= STREAM_MIN
+    if u.op is RANGE and (m := loop_mark(u)) is not None:
+      if m is Mark.PARALLEL and loop is None and parallel != "none": loop = u
+      elif isinstance(m, ReduceBlock): blocks[m.of] = (u, m.steps)
+    elif u.op is STORE and u.arg is Mark.NONTEMPORAL: stream = True
+  inner = collapsed_loop(uops, loop) if loop is not None and parallel == "pthread" else None
+  return NativeContext(loop=loop, inner=inner, blocks=blocks, stream=stream)
 
+def collapsed_loop(uops: list[UOp], rng: UOp) -> Optional[UOp]:
+  """The loop directly inside parallel loop rng that the pthread pool splits together with it (one flat index over
+  both), so a short outer loop (conv's 16 channel tiles) still gives every thread many small chunks: a non-reduce
+  RANGE with constant bounds, only index math between the two, closed right before rng, and not a reduce block
+  (whose iterations depend on each other through memory)."""
+  if any(s.op is not UOps.CONST for s in rng.src): return None
+  i0 = uops.index(rng)
+  i1 = next((i for i in range(i0 + 1, len(uops)) if uops[i].op not in (UOps.ALU, UOps.CONST)), None)
+  if i1 is None or uops[i1].op is not UOps.RANGE: return None
+  inner = uops[i1]
+  if inner.arg[1] or any(s.op is not UOps.CONST for s in inner.src): return None
+  if isinstance(loop_mark(inner), ReduceBlock): return None
+  ends = [i for i, u in enumerate(uops) if u.op is UOps.ENDRANGE and u.src[0] in (rng, inner)]
+  if len(ends) != 2 or uops[ends[0]].src[0] is not inner or ends[1] != ends[0] + 1: return None
+  return inner

@@ -2,17 +2,17 @@
 work-group ids for SPECIALs, `__local` arrays and barriers, vectors through vloadN/vstoreN and `(float4)(...)`,
 images through read_imagef/write_imagef. Without cl_khr_fp16, half is a storage type (vload_half /
 vstore_half_rte, math in float, each result rounded to half); bfloat16 is a ushort bit pattern; bool buffers
-are uchar. The device profile of a CPU OpenCL device (PoCL) also packs upcast lanes into vector ops (vectorize.py) and
-chooses its Opts with heuristics_opencl. Imports dtype, errors, ops, uops and renderers."""
+are uchar. The device profile of a CPU OpenCL device (PoCL) has its upcast lanes packed into vector ops by
+kernopt/passes/vectorize and chooses its Opts with heuristics_opencl. Imports dtype, errors, ops, uops and renderers."""
 from __future__ import annotations
-import threading
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.ops import ALUOp, BinaryOps, TernaryOps, UnaryOps
-from kernopt.renderers.cstyle import CStyleLanguage
-from kernopt.renderers.vectorize import pack_lanes
-from kernopt.uops import UOp, UOps
+from kernopt.renderers import Capabilities
+from kernopt.renderers.cstyle import CStyleLanguage, RenderContext, workgroup_size
+from kernopt.uops import Mark, UOp, UOps
 
 _SAMPLER = "__constant sampler_t smp = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;"
 _HELPERS = {
@@ -28,7 +28,6 @@ _HELPERS = {
 # float vector ops OpenCL C computes lane-wise itself; every other vector ALU is spelled lane by lane
 _NATIVE_VECTOR_OPS = frozenset((BinaryOps.ADD, BinaryOps.MUL, UnaryOps.NEG, TernaryOps.MULACC, UnaryOps.EXP2,
                                 UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT))
-_render_state = threading.local()   # (uses fp64, uses fp16 arithmetic, has image reads) of the render in progress
 STREAM_MIN = 1 << 22   # float32 elements a loop-free kernel stores before its scalar stores become non-temporal
 # the end of a streaming kernel: every work-item's stores precede the barrier; one sfence then orders them all, since
 # PoCL runs a work-group's items on one thread (LLVM fences are no-ops for non-temporal stores, mem_fence compiles to
@@ -41,27 +40,16 @@ class OpenCLRenderer(CStyleLanguage):
   """OpenCL C. The no-argument profile is DESIGN.md's static one; the OPENCL device passes the real limits and
   features (`has_fp16`: cl_khr_fp16 arithmetic; without it half is storage-only). `vector_width` > 1 (a CPU device:
   its native float vector width) makes the CPU profile: scalar loads (supports_float4 off) whose contiguous lanes,
-  with the ALU ops and accumulators between them, are packed into floatN ops at render time, upcasts up to
+  with the ALU ops and accumulators between them, are packed into floatN ops (the vectorize pass), upcasts up to
   2*vector_width, and `heuristics` "opencl_cpu" (kernopt/heuristics_opencl.py). With it, `clang` (the device
   compiles with clang: PoCL) renders vector accesses as element-aligned vector-type dereferences instead of
-  vloadN/vstoreN, and `stream_stores` (clang on x86-64: PoCL runs each work-group on one thread) makes big
-  loop-free kernels store float32 lanes with __builtin_nontemporal_store, each work-group ending with a barrier and
+  vloadN/vstoreN, and `stream_stores` (clang on x86-64: PoCL runs each work-group on one thread) has big loop-free
+  kernels' float32 stores marked non-temporal (kernopt/passes/stream_stores), spelled with
+  __builtin_nontemporal_store for scalar values, each work-group ending with a barrier and
   an `sfence` by its first work-item, so the weakly ordered stores are visible before the group is reported done."""
-  device = "OPENCL"
+  caps = Capabilities(device="OPENCL", supports_images=True, stream_min=STREAM_MIN)
+  key_caps = ("has_fp16", "vector_width", "heuristics", "stream_stores", "clang")
   suffix = "cl"
-  has_local = True
-  has_shared = True
-  supports_float4 = True
-  global_max = (0x8FFFFFFF,) * 3
-  local_max: Optional[tuple[int, ...]] = (0x8FFFFFFF,) * 3
-  shared_max = 32768
-  supports_images = True
-  has_fp16 = False
-  vector_width = 1
-  heuristics = "spec"
-  stream_stores = False
-  stream_min = STREAM_MIN
-  clang = False
 
   kernel_prefix = "__kernel "
   buffer_prefix = "__global "
@@ -81,48 +69,46 @@ class OpenCLRenderer(CStyleLanguage):
                shared_max: Optional[int] = None, has_fp16: Optional[bool] = None,
                supports_images: Optional[bool] = None, vector_width: Optional[int] = None,
                stream_stores: bool = False, clang: bool = False):
-    if local_max is not None: self.local_max = tuple(local_max)
-    if max_local_size is not None: self.max_local_size = max_local_size
-    if shared_max is not None: self.shared_max = shared_max
-    if has_fp16 is not None: self.has_fp16 = has_fp16
-    if supports_images is not None: self.supports_images = supports_images
+    given: dict[str, Any] = {"local_max": None if local_max is None else tuple(local_max),
+                             "max_local_size": max_local_size, "shared_max": shared_max, "has_fp16": has_fp16,
+                             "supports_images": supports_images}
+    caps = replace(self.caps, **{k: v for k, v in given.items() if v is not None})
     if vector_width is not None and vector_width > 1:
       if vector_width not in (2, 4, 8, 16): raise UnsupportedError(f"OpenCL has no float{vector_width} vectors")
-      self.vector_width, self.heuristics, self.supports_float4 = vector_width, "opencl_cpu", False
-      self.max_upcast = max(self.max_upcast, 2 * vector_width)
-      self.clang = clang
-      self.stream_stores = stream_stores and clang
-    self.storage_floats = frozenset((dtypes.bfloat16,) if self.has_fp16 else (dtypes.half, dtypes.bfloat16))
-
-  def capabilities(self) -> dict[str, Any]:
-    return {**super().capabilities(), "has_fp16": self.has_fp16, "vector_width": self.vector_width,
-            "heuristics": self.heuristics, "stream_stores": self.stream_stores, "clang": self.clang}
+      caps = replace(caps, vector_width=vector_width, heuristics="opencl_cpu", supports_float4=False,
+                     max_upcast=max(caps.max_upcast, 2 * vector_width), clang=clang,
+                     stream_stores=stream_stores and clang)
+    self.caps = caps
+    self.storage_floats = frozenset((dtypes.bfloat16,) if caps.has_fp16 else (dtypes.half, dtypes.bfloat16))
 
   def __repr__(self) -> str:
-    extra = f", vector_width={self.vector_width}, heuristics={self.heuristics!r}" if self.vector_width > 1 else ""
+    c = self.caps
+    extra = f", vector_width={c.vector_width}, heuristics={c.heuristics!r}" if c.vector_width > 1 else ""
     return f"{type(self).__name__}(device={self.device!r}{extra})"
 
-  def render(self, name: str, uops: list[UOp]) -> str:
+  def render_context(self, uops: list[UOp]) -> OpenCLContext:
     # each distinct dtype object once (DType.scalar() and hashing cost ~0.3-0.5 us a call)
     dts = list({id(u.dtype): u.dtype for u in uops if u.dtype is not None}.values())
     scalars = {dt.scalar() for dt in dts if not isinstance(dt, ImageDType)}
     images = any(isinstance(dt, ImageDType) for dt in dts) and \
       any(u.op is UOps.DEFINE_GLOBAL and isinstance(u.dtype, ImageDType) for u in uops)
-    outer = (getattr(_render_state, "flags", None), getattr(_render_state, "stream", False),
-             getattr(_render_state, "locals", None))
-    _render_state.flags = (dtypes.float64 in scalars, dtypes.half in scalars and self.has_fp16, images)
-    _render_state.stream = self.stream_stores and _streams(uops)
-    _render_state.locals = set()
-    try: return super().render(name, pack_lanes(list(uops), self.vector_width) if self.vector_width > 1 else uops)
-    finally: _render_state.flags, _render_state.stream, _render_state.locals = outer
+    return OpenCLContext(workgroup=workgroup_size(uops), fp64=dtypes.float64 in scalars,
+                         fp16=dtypes.half in scalars and self.has_fp16, images=images,
+                         stream=any(u.op is UOps.STORE and u.arg is Mark.NONTEMPORAL for u in uops),
+                         locals={u.arg[0] for u in uops if u.op is UOps.DEFINE_LOCAL})
+
+  def _context(self) -> OpenCLContext:
+    ctx = self.context
+    return ctx if isinstance(ctx, OpenCLContext) else OpenCLContext()
 
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
-    fp64, fp16, images = getattr(_render_state, "flags", (False, False, False))
+    ctx = self._context()
+    fp64, fp16, images = ctx.fp64, ctx.fp16, ctx.images
     pragmas = [f"#pragma OPENCL EXTENSION cl_khr_{ext} : enable" for ext, on in (("fp64", fp64), ("fp16", fp16)) if on]
     # OpenCL C lets the compiler fuse a*b+c into one rounding by default; every profile rounds each op as the op
     # table says, as the C (-ffp-contract=off) and CUDA (--fmad=false) devices do
     pragmas.append("#pragma OPENCL FP_CONTRACT OFF")
-    if getattr(_render_state, "stream", False): body = body + list(_STREAM_FENCE)
+    if ctx.stream: body = body + list(_STREAM_FENCE)
     return super().render_kernel(name, params, body, pragmas + preamble + [_SAMPLER] * images)
 
   # ***** types and values *****
@@ -168,7 +154,6 @@ class OpenCLRenderer(CStyleLanguage):
     return f"__global {'' if writable else 'const '}{self.mem_dtype(dt)}* {name}"
 
   def render_local(self, name: str, dt: DType, size: int) -> str:
-    if (names := getattr(_render_state, "locals", None)) is not None: names.add(name)
     if dt.scalar() == dtypes.half and not self.has_fp16:   # core OpenCL can't declare half arrays, only point at them
       return f"__local ushort {name}_bits[{size}]; __local half* {name} = (__local half*){name}_bits;"
     return f"__local {self.mem_dtype(dt)} {name}[{size}];"
@@ -258,9 +243,12 @@ class OpenCLRenderer(CStyleLanguage):
     if n > 1:
       if self.clang: return f"*(({self._space(buf)} {self._unaligned(s, n)}*)({buf}+{idx})) = {val};"
       return f"vstore{n}({val}, 0, {buf}+{idx});"
-    if s == dtypes.float32 and getattr(_render_state, "stream", False):
-      return f"__builtin_nontemporal_store((float)({val}), {buf}+{idx});"
     return f"{buf}[{idx}] = {self.to_storage(val, buf_dt)};"
+
+  def render_nontemporal_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
+    # a vector store stays plain: the CPU profile's vector accesses are only element-aligned
+    if buf_dt.scalar() != dtypes.float32 or dt.count != 1: return self.render_store(buf, idx, val, dt, buf_dt)
+    return f"__builtin_nontemporal_store((float)({val}), {buf}+{idx});"
 
   def _unaligned(self, scalar: DType, n: int) -> str:
     """The CPU profile's vector access type: `scalar`N aligned only to its element. PoCL calls vloadN/vstoreN out of
@@ -271,7 +259,7 @@ class OpenCLRenderer(CStyleLanguage):
     return self.helper(name, f"typedef {t} {name} __attribute__((ext_vector_type({n}), aligned({scalar.itemsize})));")
 
   def _space(self, buf: str) -> str:
-    return "__local" if buf in getattr(_render_state, "locals", ()) else "__global"
+    return "__local" if buf in self._context().locals else "__global"
 
   def render_image_load(self, u: UOp, srcs: list[str]) -> str:
     assert u.dtype is not None
@@ -286,15 +274,12 @@ class OpenCLRenderer(CStyleLanguage):
     val = srcs[2] if self.render_value_dtype(val_dt) == "float4" else f"convert_float4({srcs[2]})"
     return f"write_imagef({srcs[0]}, {srcs[1]}, {val});"
 
-def _streams(uops: list[UOp]) -> bool:
-  """A loop-free kernel storing at least STREAM_MIN float32 elements in all: its output is bigger than the caches
-  and written once, so non-temporal stores skip the read-for-ownership of every line (+10-20% on a+b 4096²)."""
-  RANGE, SPECIAL, STORE, f32 = UOps.RANGE, UOps.SPECIAL, UOps.STORE, dtypes.float32
-  if any(u.op is RANGE for u in uops): return False
-  items = 1
-  for u in uops:
-    if u.op is SPECIAL:
-      if not isinstance(u.arg[2], int): return False
-      items *= u.arg[2]
-  stores = sum(1 for u in uops if u.op is STORE and u.src[0].dtype == f32)
-  return stores > 0 and items * stores >= STREAM_MIN
+@dataclass
+class OpenCLContext(RenderContext):
+  """A render's facts about its list: whether it computes in double and in half (the pragmas it needs), reads an
+  image (the sampler), has non-temporal stores (then every work-group fences them), and its __local buffers' names."""
+  fp64: bool = False
+  fp16: bool = False
+  images: bool = False
+  stream: bool = False
+  locals: set[str] = field(default_factory=set)

@@ -1,5 +1,6 @@
 """Devices: the registry, `Buffer`, and the compile-then-launch contract every backend implements.
-numpy is used here and below; device drivers are imported lazily, inside the device that needs them."""
+numpy is used here and below; device drivers are imported lazily, inside the device that needs them.
+Imports debug, dtype, errors, helpers, renderers and shape.symbolic."""
 from __future__ import annotations
 import hashlib, importlib, inspect, operator, time
 from typing import Any, Mapping, Optional

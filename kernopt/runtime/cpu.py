@@ -3,7 +3,7 @@ system C compiler (clang, else gcc) into a shared object cached on disk, its sha
 Flags: -O2 -march=native (when accepted) -fPIC -shared -std=gnu11 -ffp-contract=off -fno-math-errno, plus -pthread
 -funroll-loops on the native profile (and -fopenmp when asked for and accepted); never -ffast-math, so NaN,
 infinities and IEEE rounding match the op table. The thread count is rendered into the source, so it is part of the
-binary cache key."""
+binary cache key. Imports dtype, errors, helpers, renderers and runtime/."""
 from __future__ import annotations
 import ctypes
 import functools
@@ -34,8 +34,6 @@ BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-std=gnu11", "-ffp-contract=off", "-fn
 NATIVE_FLAGS = ("-pthread", "-funroll-loops")
 # a Variable parameter's C type, by its width in the signature
 _CTYPES = {dtypes.int32: ctypes.c_int32, dtypes.int64: ctypes.c_int64}
-# every compiler process this module started, by purpose (tests read it to prove a cache hit)
-compiler_calls: dict[str, int] = {"compile": 0, "probe": 0}
 
 @dataclass(frozen=True)
 class Miscompile:
@@ -96,7 +94,6 @@ def find_compiler() -> Optional[str]:
 def _run(cmd: list[str], purpose: str, stdin: str = "", timeout: Optional[float] = None) -> subprocess.CompletedProcess:
   """cmd's result; past `timeout` its whole process group (the driver and cc1 alike) is killed and TimeoutExpired
   raised."""
-  compiler_calls[purpose] += 1
   if purpose == "compile": count("compiles")
   with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                         start_new_session=timeout is not None) as p:
@@ -239,7 +236,7 @@ class CPUDevice(Compiled):
     return self._cc
 
   def flags(self) -> tuple[str, ...]:
-    native = NATIVE_FLAGS + (openmp_flags(self.cc) if self.renderer.parallel == "openmp" else ()) \
+    native = NATIVE_FLAGS + (openmp_flags(self.cc) if self.renderer.caps.parallel == "openmp" else ()) \
       if self.profile == "native" else ()
     fixes = workaround_flags(compiler_identity(self.cc)) if self.workarounds else ()
     return BASE_FLAGS + march_flags(self.cc, self.isa.march) + native + fixes + self.extra_flags

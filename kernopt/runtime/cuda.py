@@ -2,7 +2,7 @@
 when importable, else by nvcc; launched through a `CUDADriver`: pycuda (`pycuda.driver`) when it works, else
 cuda-python (`cuda.bindings.driver`). Every binding is imported lazily: rendering and `compile_cuda` work on a machine
 without a GPU. Flags keep IEEE semantics (--fmad=false: no contraction of a*b+c, as ops.exec_alu and the CPU device's
--ffp-contract=off)."""
+-ffp-contract=off). Imports dtype, errors, helpers, renderers and runtime/."""
 from __future__ import annotations
 import contextlib
 import ctypes
@@ -24,8 +24,6 @@ from kernopt.renderers.cuda import CUDARenderer
 from kernopt.runtime import Compiled
 
 FLAGS = ("--fmad=false",)
-# compiler processes / NVRTC programs this module started (tests read it to prove a cache hit)
-compiler_calls: dict[str, int] = {"nvcc": 0, "nvrtc": 0}
 
 # ***** compilers *****
 
@@ -92,7 +90,6 @@ def compile_cuda(src: str, arch: str = "sm_80", prefer_nvrtc: bool = True, cache
   return diskcache_put("cuda_cubin", key, out) if cache else out
 
 def _nvrtc_compile(nvrtc: Any, src: str, arch: str) -> bytes:
-  compiler_calls["nvrtc"] += 1
   err, prog = nvrtc.nvrtcCreateProgram(src.encode(), b"kernel.cu", 0, [], [])
   if int(err) != 0: raise CompileError(f"nvrtcCreateProgram failed: {err}", "", src)
   try:
@@ -113,7 +110,6 @@ def _nvrtc_compile(nvrtc: Any, src: str, arch: str) -> bytes:
 
 def _nvcc_compile(src: str, arch: str) -> bytes:
   if (nvcc := find_nvcc()) is None: raise UnsupportedError("nvcc is not on PATH")
-  compiler_calls["nvcc"] += 1
   with tempfile.TemporaryDirectory(prefix="kernopt_cuda_") as tmp:
     cu, cubin = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.cubin")
     with open(cu, "w") as f: f.write(src)
@@ -434,7 +430,7 @@ class CUDADevice(Compiled):
     """(blocks, threads) padded to three dimensions and checked against the renderer's limits."""
     grid = tuple(global_size or ()) + (1,) * (3 - len(global_size or ()))
     block = tuple(local_size or ()) + (1,) * (3 - len(local_size or ()))
-    r = self.renderer
+    r = self.renderer.caps
     if len(grid) > 3 or len(block) > 3 or any(not isinstance(x, int) or x < 1 for x in grid + block):
       raise LaunchError(f"{program.name}: bad launch sizes global={global_size} local={local_size}")
     for i in range(3):

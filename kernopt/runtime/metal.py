@@ -1,6 +1,7 @@
 """The METAL device (macOS only): MSL from `MetalRenderer` compiled at run time by the Metal framework through PyObjC
 (imported lazily), buffers in shared storage, one command buffer per launch. Untested here (no macOS): kept small.
-fastMathEnabled is off so float results follow IEEE as ops.exec_alu does."""
+fastMathEnabled is off so float results follow IEEE as ops.exec_alu does.
+Imports dtype, errors, renderers and runtime/."""
 from __future__ import annotations
 import sys
 from typing import Any, Optional

@@ -1,9 +1,10 @@
 """The OPENCL device: pyopencl (imported lazily) on any OpenCL platform, PoCL included. Programs are built
 once and their binaries kept on disk under cache_dir/opencl; launches are checked against the device's
-work-group limits; timings come from profiling events."""
+work-group limits; timings come from profiling events. Builds run on a thread with a large stack of their own.
+Imports dtype, errors, helpers, renderers and runtime."""
 from __future__ import annotations
-import os, platform, warnings
-from typing import Any, Optional, Union
+import os, platform, threading, warnings
+from typing import Any, Callable, Optional, TypeVar, Union
 import numpy as np
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import CompileError, LaunchError, UnsupportedError
@@ -12,6 +13,29 @@ from kernopt.helpers import (cache_subdir, cache_tmp, getconfig, prod, record_bi
 from kernopt.renderers import Program
 from kernopt.renderers.opencl import OpenCLRenderer
 from kernopt.runtime import Compiled, np_dtype
+
+T = TypeVar("T")
+# PoCL builds in the calling thread and its LLVM recurses once per level of an expression: a framework's worker thread
+# (512 KiB stacks are common) overflows on a deep kernel, so every build runs on a thread with this much stack
+BUILD_STACK = 256 << 20
+_STACK_LOCK = threading.Lock()
+
+def on_build_stack(fn: Callable[[], T]) -> T:
+  """fn() on a fresh thread with a BUILD_STACK-byte stack; its result returned, its exception re-raised here."""
+  out: list[tuple[bool, Any]] = []
+  def run() -> None:
+    try: out.append((True, fn()))
+    except BaseException as e: out.append((False, e))   # noqa: B036  re-raised in the caller's thread
+  with _STACK_LOCK:   # threading.stack_size is process-wide: set it only around this thread's start
+    old = threading.stack_size(BUILD_STACK)
+    try:
+      t = threading.Thread(target=run, name="kernopt-opencl-build", daemon=True)
+      t.start()
+    finally: threading.stack_size(old)
+  t.join()
+  ok, value = out[0]
+  if ok: return value
+  raise value
 
 def _all_devices() -> list[Any]:
   import pyopencl as cl
@@ -154,7 +178,7 @@ class OpenCLDevice(Compiled):
   def _alloc(self, nbytes: int, dtype: DType) -> Any:
     import pyopencl as cl
     if isinstance(dtype, ImageDType):
-      if not self.renderer.supports_images: raise UnsupportedError(f"{self.cl_device.name} has no image support")
+      if not self.renderer.caps.supports_images: raise UnsupportedError(f"{self.cl_device.name} has no image support")
       h, w = dtype.shape[0], dtype.shape[1]
       ctype = cl.channel_type.HALF_FLOAT if dtype.base == dtypes.half else cl.channel_type.FLOAT
       return cl.create_image(self.ctx, cl.mem_flags.READ_WRITE, cl.ImageFormat(cl.channel_order.RGBA, ctype),
@@ -190,18 +214,18 @@ class OpenCLDevice(Compiled):
     path = self._cache_path(program.src)
     prg = None
     if path is not None and (binary := verified_binary("opencl_binary", path, program.src)) is not None:
-      try: prg = cl.Program(self.ctx, [self.cl_device], [binary]).build()
+      try: prg = on_build_stack(cl.Program(self.ctx, [self.cl_device], [binary]).build)
       except cl.Error: prg = None   # a stale binary: rebuild from source
     from_cache = prg is not None
     if prg is None:
       prg = self._build_source(program)
       if path is not None: self._store_binary(path, prg.get_info(cl.program_info.BINARIES)[0], program.src)
-    return _CLKernel(self, prg, _kernel_name(prg, program), from_cache)
+    return on_build_stack(lambda: _CLKernel(self, prg, _kernel_name(prg, program), from_cache))
 
   def _build_source(self, program: Program) -> Any:
     import pyopencl as cl
     prg = cl.Program(self.ctx, program.src)
-    try: return prg.build(devices=[self.cl_device])
+    try: return on_build_stack(lambda: prg.build(devices=[self.cl_device]))
     except cl.Error as e:
       try: log = prg.get_build_info(self.cl_device, cl.program_build_info.LOG)
       except Exception: log = ""  # the program object may not exist after a failed build

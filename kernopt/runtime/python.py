@@ -1,22 +1,21 @@
 """The PYTHON device: kernopt's executable spec. It interprets a Program's linearized UOp list with GPU semantics,
 every thread of the launch at once as numpy arrays over a thread axis, and can emulate the CUDA, Metal and AMD
 dialects (their capabilities and their tensor-core fragment layouts). It detects out-of-bounds accesses and local
-memory read without a BARRIER after another thread's write. Imports runtime/, renderers/, uops, ops and dtype."""
+memory read without a BARRIER after another thread's write. Its values and ALU live in runtime/python_alu.py, its
+tensor-core layouts in runtime/python_wmma.py. Imports dtype, errors, helpers, renderers, runtime and uops."""
 from __future__ import annotations
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Optional
 import numpy as np
-from kernopt.dtype import DType, ImageDType, dtypes
-from kernopt.errors import CompileError, KernoptError, UnsupportedError
+from kernopt.dtype import DType, ImageDType
+from kernopt.errors import CompileError, UnsupportedError
 from kernopt.helpers import prod
-from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
 from kernopt.renderers import BufferArg, Program, Renderer, VarArg, get_renderer
 from kernopt.runtime import Compiled, np_dtype
+from kernopt.runtime.python_alu import EmulationError, alu_kernel, from_storage, reg_dtype, to_reg, to_storage
+from kernopt.runtime.python_wmma import wmma_warps
 from kernopt.uops import UOp, UOps, flops_mem
-
-class EmulationError(KernoptError):
-  """A kernel did something that is undefined on the hardware it targets (caught by the PYTHON device)."""
 
 class OutOfBoundsError(EmulationError, IndexError):
   """An active thread loaded or stored outside a buffer."""
@@ -24,203 +23,22 @@ class OutOfBoundsError(EmulationError, IndexError):
 class RaceError(EmulationError):
   """A thread read local memory that another thread wrote with no BARRIER in between."""
 
-# ***** values: numpy arrays of shape () (uniform) or (T,), with a trailing lane axis for vectors *****
-
-def reg_dtype(dt: DType) -> np.dtype:
-  """The numpy type that holds values of dt in the interpreter (bfloat16 as float32 values rounded to bfloat16)."""
-  dt = dt.scalar()
-  return np.dtype(np.float32) if dt == dtypes.bfloat16 else np_dtype(dt)
-
-def round_bf16(x: Any) -> np.ndarray:
-  """float values rounded to bfloat16 (to float32 first, then nearest even), as ops.truncate_float does."""
-  f = np.asarray(x, dtype=np.float32)
-  bits = f.view(np.uint32)
-  r = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)).view(np.float32)
-  return np.where(np.isnan(f), f, r)
-
-def bf16_bits(x: Any) -> np.ndarray: return (round_bf16(x).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
-def bf16_from_bits(b: Any) -> np.ndarray: return (np.asarray(b).astype(np.uint32) << np.uint32(16)).view(np.float32)
-
-def to_reg(x: Any, dt: DType) -> np.ndarray:
-  """x converted to dt's register type, rounding as a cast to dt does."""
-  if dt.scalar() == dtypes.bfloat16: return round_bf16(np.asarray(x).astype(np.float32))
-  if dt.scalar() == dtypes.bool: return np.asarray(x) != 0
-  return np.asarray(x).astype(reg_dtype(dt))
-
-def to_storage(x: Any, dt: DType) -> np.ndarray:
-  return bf16_bits(x) if dt.scalar() == dtypes.bfloat16 else np.asarray(x).astype(np_dtype(dt))
-
-def from_storage(x: Any, dt: DType) -> np.ndarray:
-  return bf16_from_bits(x) if dt.scalar() == dtypes.bfloat16 else np.asarray(x)
-
-# ***** ALU: numpy vectorisation of ops.PYTHON_ALU (tests check parity with exec_alu) *****
-
-def _idiv_int(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-  zero = b == 0
-  bs = np.where(zero, 1, b).astype(b.dtype)
-  q = a // bs
-  q = q + ((q * bs != a) & ((a < 0) != (bs < 0))).astype(q.dtype)  # floor -> truncation toward zero
-  return np.where(zero, 0, q).astype(a.dtype)
-
-def _mod_int(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-  return np.where(b == 0, 0, a - b * _idiv_int(a, b)).astype(a.dtype)
-
-def _shift_count(b: np.ndarray, a: np.ndarray) -> np.ndarray:
-  return np.mod(b, 8 * a.dtype.itemsize).astype(a.dtype)
-
-_F64_OPS: dict[Any, Callable[..., Any]] = {  # float ops computed in float64 then rounded once, as exec_alu does
-  UnaryOps.EXP2: np.exp2, UnaryOps.LOG2: np.log2, UnaryOps.SIN: np.sin, TernaryOps.MULACC: lambda a, b, c: a * b + c}
-
-_FLOAT_OPS: dict[Any, Callable[..., Any]] = {  # correctly rounded in the operand type (double rounding is innocuous)
-  BinaryOps.ADD: np.add, BinaryOps.MUL: np.multiply, BinaryOps.IDIV: np.true_divide, UnaryOps.SQRT: np.sqrt,
-  UnaryOps.NEG: np.negative, UnaryOps.RECIP: lambda x: np.asarray(1, x.dtype) / x,
-  BinaryOps.MOD: lambda a, b: np.where(b == 0, 0, np.fmod(a, b))}
-
-_INT_OPS: dict[Any, Callable[..., Any]] = {
-  BinaryOps.ADD: np.add, BinaryOps.MUL: np.multiply, BinaryOps.IDIV: _idiv_int, BinaryOps.MOD: _mod_int,
-  BinaryOps.XOR: np.bitwise_xor, BinaryOps.AND: np.bitwise_and, BinaryOps.OR: np.bitwise_or,
-  BinaryOps.SHL: lambda a, b: np.left_shift(a, _shift_count(b, a)),
-  BinaryOps.SHR: lambda a, b: np.right_shift(a, _shift_count(b, a)),
-  UnaryOps.NEG: lambda x: np.logical_not(x) if x.dtype == np.bool_ else np.negative(x),
-  UnaryOps.RECIP: lambda x: _idiv_int(np.ones_like(x), x), TernaryOps.MULACC: lambda a, b, c: a * b + c}
-
-def alu(op: Any, dtype: DType, operands: tuple[Any, ...]) -> np.ndarray:
-  """op applied elementwise to numpy operands holding values of their dtypes' register types, giving dtype's
-  register type: the vectorised ops.exec_alu (IDIV/MOD truncate, zero divisors give 0, integers wrap,
-  MAX is a > b ? a : b, shift counts are taken modulo the width)."""
-  with np.errstate(all="ignore"): return _alu(op, dtype, operands)
-
-def _alu(op: Any, dtype: DType, operands: tuple[Any, ...]) -> np.ndarray:
-  xs = [np.asarray(x) for x in operands]
-  if op is BinaryOps.CMPLT: return np.less(xs[0], xs[1])
-  if op is BinaryOps.CMPNE: return np.not_equal(xs[0], xs[1])
-  if op is TernaryOps.WHERE: return np.where(xs[0], xs[1], xs[2]).astype(reg_dtype(dtype))
-  if op is BinaryOps.MAX: return np.where(xs[0] > xs[1], xs[0], xs[1]).astype(reg_dtype(dtype))
-  if dtypes.is_float(dtype):
-    if op in _F64_OPS: ret = _F64_OPS[op](*(x.astype(np.float64) for x in xs))
-    elif op in _FLOAT_OPS: ret = _FLOAT_OPS[op](*xs)
-    else: raise UnsupportedError(f"ALU op {op} is not defined on {dtype}")
-    return to_reg(ret, dtype)
-  if op in _INT_OPS and (dtype != dtypes.bool or op in (BinaryOps.ADD, BinaryOps.MUL, UnaryOps.NEG, BinaryOps.XOR,
-                                                         BinaryOps.AND, BinaryOps.OR)):
-    if dtype == dtypes.bool and op is BinaryOps.ADD: return np.logical_or(*xs)
-    if dtype == dtypes.bool and op is BinaryOps.MUL: return np.logical_and(*xs)
-    return np.asarray(_INT_OPS[op](*xs)).astype(reg_dtype(dtype))
-  if op in (UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT):
-    return to_reg(_F64_OPS.get(op, np.sqrt)(xs[0].astype(np.float64)), dtype)
-  raise UnsupportedError(f"ALU op {op} is not defined on {dtype}")
-
-# ***** tensor cores: per-vendor fragment layouts, (lane, element) -> (row, col) of the warp's matrix *****
-# D(M x N) = A(M x K) @ B(K x N) + C(M x N); a TensorCore's dims are (N, M, K).
-
-def cuda_a_elem(lane: int, i: int) -> tuple[int, int]:
-  """mma.m16n8k16 A (16x16, row major), 8 halves a0..a7 per thread (PTX ISA, mma.m16n8k16 fragment figures)."""
-  group, tig = lane >> 2, lane % 4
-  return group + 8 * ((i >> 1) & 1), tig * 2 + (i & 1) + 8 * (i >> 2)
-
-def cuda_b_elem(lane: int, i: int) -> tuple[int, int]:
-  """mma.m16n8k16 B (16x8, column major), 4 halves b0..b3 per thread."""
-  group, tig = lane >> 2, lane % 4
-  return tig * 2 + (i & 1) + 8 * (i >> 1), group
-
-def cuda_c_elem(lane: int, i: int) -> tuple[int, int]:
-  """mma.m16n8k16 C and D (16x8), 4 floats c0..c3 per thread."""
-  group, tig = lane >> 2, lane % 4
-  return group + 8 * (i >> 1), tig * 2 + (i & 1)
-
-def metal_elem(lane: int, i: int) -> tuple[int, int]:
-  """simdgroup_matrix 8x8, 2 elements per thread, the same for A, B, C and D. Apple publishes no per-thread layout:
-  this is the one the spec's Metal tensor-core permutations (and tinygrad's emulator) assume, rows in quads of
-  lanes (lane//2)%4 + 4*(lane//16), column pairs 2*(lane%2) + 4*((lane//8)%2)."""
-  return (lane // 2) % 4 + 4 * (lane // 16), i + 2 * (lane % 2) + 4 * ((lane // 8) % 2)
-
-def amd_a_elem(lane: int, i: int) -> tuple[int, int]:
-  """v_wmma_f32_16x16x16_f16 (wave32) A: lane l holds row l%16, all 16 K values; lanes 16-31 replicate 0-15."""
-  return lane % 16, i
-
-def amd_b_elem(lane: int, i: int) -> tuple[int, int]:
-  """v_wmma (wave32) B: lane l holds column l%16, all 16 K values; lanes 16-31 replicate 0-15."""
-  return i, lane % 16
-
-def amd_c_elem(lane: int, i: int) -> tuple[int, int]:
-  """v_wmma_f32_16x16x16 (wave32) C and D: 8 floats per lane, element j of lane l at row 2j + l//16, column l%16."""
-  return 2 * i + lane // 16, lane % 16
-
-@dataclass(frozen=True)
-class WMMALayout:
-  """A vendor's warp-wide multiply: matrix sizes (M, N, K), fragment sizes and element maps of A, B and C/D."""
-  mnk: tuple[int, int, int]
-  sizes: tuple[int, int, int]
-  a: Callable[[int, int], tuple[int, int]]
-  b: Callable[[int, int], tuple[int, int]]
-  c: Callable[[int, int], tuple[int, int]]
-  replicated: bool = False   # AMD wave32: lanes 16-31 must hold the same A and B as lanes 0-15
-  warp: int = 32
-
-  def index(self, which: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row and column of every (lane, element) of operand `which` (0: A, 1: B, 2: C/D), lane-major."""
-    fn, n = (self.a, self.b, self.c)[which], self.sizes[which]
-    rc = np.array([fn(lane, i) for lane in range(self.warp) for i in range(n)], dtype=np.int64)
-    return rc[:, 0], rc[:, 1]
-
-WMMA_LAYOUTS: dict[str, WMMALayout] = {
-  "CUDA": WMMALayout((16, 8, 16), (8, 4, 4), cuda_a_elem, cuda_b_elem, cuda_c_elem),
-  "METAL": WMMALayout((8, 8, 8), (2, 2, 2), metal_elem, metal_elem, metal_elem),
-  "AMD": WMMALayout((16, 16, 16), (16, 16, 8), amd_a_elem, amd_b_elem, amd_c_elem, replicated=True),
-}
-
-def _round_in(x: np.ndarray, dt: DType) -> np.ndarray:
-  if dt.scalar() == dtypes.bfloat16: return round_bf16(x)
-  return np.asarray(x).astype(reg_dtype(dt)).astype(np.float32)
-
-def wmma_warps(device: str, a: np.ndarray, b: np.ndarray, c: np.ndarray, dtype_in: DType, dtype_out: DType,
-               dims: Optional[tuple[int, int, int]] = None) -> np.ndarray:
-  """D fragments (W, 32, nc) of D = A @ B + C for W warps, given each lane's fragments a (W, 32, na), b, c laid out as
-  WMMA_LAYOUTS[device] says; the product is computed in float32 from inputs rounded to dtype_in."""
-  lay = WMMA_LAYOUTS.get(device)
-  if lay is None: raise UnsupportedError(f"no tensor-core layout for device {device!r}; known: {sorted(WMMA_LAYOUTS)}")
-  m, n, k = lay.mnk
-  if dims is not None and tuple(dims) != (n, m, k):
-    raise UnsupportedError(f"{device} WMMA emulates dims (N, M, K) = {(n, m, k)}, the kernel asks {tuple(dims)}")
-  for name, x, sz in (("A", a, lay.sizes[0]), ("B", b, lay.sizes[1]), ("C", c, lay.sizes[2])):
-    if x.ndim != 3 or x.shape[1:] != (lay.warp, sz):
-      raise EmulationError(f"{device} WMMA wants {name} fragments of {sz} elements on {lay.warp} lanes, got {x.shape}")
-  w = a.shape[0]
-  if lay.replicated:
-    for name, x in (("A", a), ("B", b)):
-      if not np.array_equal(x[:, :16], x[:, 16:], equal_nan=True):
-        raise EmulationError(f"{device} WMMA: lanes 16-31 must replicate lanes 0-15 of {name}")
-  mats = []
-  for which, (x, shape) in enumerate(((a, (m, k)), (b, (k, n)), (c, (m, n)))):
-    rows, cols = lay.index(which)
-    mat = np.zeros((w,) + shape, dtype=np.float32)
-    mat[:, rows, cols] = _round_in(x, dtype_in if which < 2 else dtype_out).reshape(w, -1)
-    mats.append(mat)
-  d = np.matmul(mats[0], mats[1]) + mats[2]
-  rows, cols = lay.index(2)
-  return to_reg(d[:, rows, cols].reshape(w, lay.warp, lay.sizes[2]), dtype_out)
-
 # ***** the renderer: the emulated dialect's capabilities; the "source" is a dump of the uops *****
 
-_CAPS = ("device", "suffix", "has_local", "has_shared", "supports_float4", "global_max", "local_max", "shared_max",
-         "max_upcast", "max_unroll", "max_local_size", "tensor_cores", "supports_images")
-
 class PythonRenderer(Renderer):
-  """The capabilities of dialect `emulate` ("CUDA", "METAL", "AMD"; None: OpenCL-like with images, no tensor
-  cores, device "PYTHON"). render() returns a textual dump of the uops: the device runs Program.uops."""
-  def __init__(self, emulate: Optional[str] = None):
-    base = get_renderer(emulate or "OPENCL")
-    for k in _CAPS: setattr(self, k, getattr(base, k))
-    for k, v in vars(base).items(): setattr(self, k, v)
-    self.emulate = emulate.upper() if emulate else None
-    if emulate is None:
-      self.device, self.tensor_cores, self.has_local, self.supports_images = "PYTHON", (), True, True
+  """The capabilities record of dialect `emulate`'s static profile ("CUDA", "METAL", "AMD"; None: OpenCL's, with
+  images, no tensor cores, device "PYTHON"). render() returns a textual dump of the uops: the device runs
+  Program.uops."""
+  key_caps = ("emulate",)
 
-  def capabilities(self) -> dict[str, Any]: return {**super().capabilities(), "emulate": self.emulate}
+  def __init__(self, emulate: Optional[str] = None):
+    caps = get_renderer(emulate or "OPENCL").caps
+    if emulate is None: caps = replace(caps, device="PYTHON", tensor_cores=(), has_local=True, supports_images=True)
+    self.caps = replace(caps, emulate=emulate.upper() if emulate else None)
 
   def render(self, name: str, uops: list[Any]) -> str:
     num = {u: i for i, u in enumerate(uops)}
-    lines = [f"// PYTHON ({self.emulate or 'generic'}) kernel {name}"]
+    lines = [f"// PYTHON ({self.caps.emulate or 'generic'}) kernel {name}"]
     for i, u in enumerate(uops):
       src = ", ".join(str(num.get(s, "?")) for s in u.src)
       lines.append(f"{i:4d} {u.op.name:<13} {u.dtype!r:<24} [{src}] {u.arg!r}")
@@ -424,8 +242,8 @@ class _Builder:
 
   # -- values --
   def _alu(self, i: int, u: UOp, s: list[int]) -> Step:
-    op, dt = u.arg, u.dtype
-    def step(st: _State) -> None: st.vals[i] = _alu(op, dt, tuple(st.vals[j] for j in s))
+    fn, dt = alu_kernel(u.arg, u.dtype), u.dtype
+    def step(st: _State) -> None: st.vals[i] = fn(dt, *[np.asarray(st.vals[j]) for j in s])
     return step
 
   def _cast(self, i: int, u: UOp, s: list[int]) -> Step:

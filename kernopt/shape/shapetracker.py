@@ -1,7 +1,7 @@
 """ShapeTracker: a stack of Views. The last view is what a kernel indexes; each earlier view is indexed by the flat
 (C-order) position that the view above it produces, and views[0] addresses the buffer. Movement ops act on the last
 view (a reshape it cannot express pushes a new one); `simplify` merges views; `expr_idxs` builds the index and
-validity expressions that the lowerer renders. Imports only kernopt.errors, kernopt.helpers and kernopt.shape."""
+validity expressions that the lowerer renders. Imports errors and shape/."""
 from __future__ import annotations
 import functools
 from dataclasses import dataclass

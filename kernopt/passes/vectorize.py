@@ -1,11 +1,12 @@
-"""Lane packing for the native C profile. The upcast expansion leaves W scalar lanes per op; GCC's SLP vectorizer
-does not start from loop-carried accumulators, so this pass packs them itself: contiguous LOADs and STOREs, the ALU
-ops between them, their accumulators and PHIs become one vector op of W lanes each, lane l computing exactly the
-scalar op it replaces (same operands, same order). A lane read by an unpacked op is read back with a GEP; scalar lanes
-nothing reads any more are dropped. Works on a linearized UOp list and returns one. Imports dtype, ops and uops."""
+"""Lane packing, for the CPU profiles (native C, PoCL). The upcast expansion leaves W scalar lanes per op; GCC's SLP
+vectorizer does not start from loop-carried accumulators, so this pass packs them itself: contiguous LOADs and
+STOREs, the ALU ops between them, their accumulators and PHIs become one vector op of W lanes each, lane l computing
+exactly the scalar op it replaces (same operands, same order). A lane read by an unpacked op is read back with a GEP;
+scalar lanes nothing reads any more are dropped. Works on a linearized UOp list and returns one. Imports dtype, ops
+and uops."""
 from __future__ import annotations
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.ops import BinaryOps, TernaryOps
 from kernopt.uops import UOp, UOps
@@ -182,7 +183,7 @@ class _Packer:
     if u.src[2] not in self.of: return None
     gid, lane = self.of[u.src[2]]
     base, off = _base_offset(u.src[1])
-    return ("store", u.src[0], base, off - lane, self.scope[u], gid), lane
+    return ("store", u.src[0], base, off - lane, self.scope[u], gid, u.arg), lane
 
   def found(self, u: UOp) -> Optional[tuple[Any, int]]:
     """(key, lane) of an unpacked op with a packed operand: W ops of one key, one per lane, pack together."""
@@ -256,7 +257,7 @@ class _Packer:
     for u in self.stores:
       if _vector_dtype(u.src[2].dtype) and u not in self.of and u.src[2] not in self.of:
         base, off = _base_offset(u.src[1])
-        by_key.setdefault((u.src[0], base, self.scope[u]), {})[off] = u
+        by_key.setdefault((u.src[0], base, self.scope[u], u.arg), {})[off] = u
     added = False
     for members in self.contiguous(by_key):
       part = self.tree(tuple(m.src[2] for m in members), 0)
@@ -447,7 +448,7 @@ class _Packer:
     elif g.kind == "acc": v = UOp(_DEFINE_ACC, vdt, tuple(scalar(s) for s in m0.src), m0.arg)
     elif g.kind == "phi": v = UOp(_PHI, vdt, (vec[self.of[m0.src[0]][0]], vec[self.of[m0.src[1]][0]]))
     elif g.kind == "store":
-      v = UOp(_STORE, None, (scalar(m0.src[0]), scalar(m0.src[1]), vec[self.of[m0.src[2]][0]]))
+      v = UOp(_STORE, None, (scalar(m0.src[0]), scalar(m0.src[1]), vec[self.of[m0.src[2]][0]]), m0.arg)
     else:
       srcs = []
       for p in g.parts:
@@ -480,10 +481,11 @@ def drop_dead(uops: list[UOp]) -> list[UOp]:
       live.update(u.src)
   return [u for u, k in zip(uops, keep) if k]
 
-def pack_lanes(uops: list[UOp], width: int, masked: bool = False) -> list[UOp]:
+def vectorize(uops: Sequence[UOp], width: int, masked: bool = False) -> list[UOp]:
   """uops with groups of `width` scalar lanes packed into vector ops (see the module docstring), without the dead
   scalar lanes they leave behind. `masked`: contiguous gated loads (padding) become one masked vector LOAD
   (buf, lane 0's index, int32 lane mask) instead of a gather; the renderer must know that form."""
+  uops = list(uops)
   if width < 2: return uops
   p = _Packer(uops, width, masked)
   p.find_loads()

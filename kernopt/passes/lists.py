@@ -1,0 +1,72 @@
+"""What the passes share on linearized UOp lists: where each loop ends, the value of index math at given loop
+indices, the index math a value needs, and a list with some UOps replaced. Imports ops and uops."""
+from __future__ import annotations
+from typing import Optional, Sequence
+from kernopt.ops import exec_alu
+from kernopt.uops import UOp, UOps
+
+_ALU, _CONST, _RANGE, _ENDRANGE, _DEFINE_VAR = UOps.ALU, UOps.CONST, UOps.RANGE, UOps.ENDRANGE, UOps.DEFINE_VAR
+
+def ranges_of(uops: Sequence[UOp]) -> list[int]:
+  """The positions of the RANGEs, in list order."""
+  return [i for i, u in enumerate(uops) if u.op is _RANGE]
+
+def loop_ends(uops: Sequence[UOp]) -> dict[UOp, int]:
+  """Each RANGE -> the position of its ENDRANGE."""
+  return {u.src[0]: i for i, u in enumerate(uops) if u.op is _ENDRANGE}
+
+def index_value(u: UOp, env: dict[UOp, int], memo: dict[UOp, Optional[int]]) -> Optional[int]:
+  """The integer value of index expression u with the loops in env (others at 0); None if it reads memory."""
+  if u in memo: return memo[u]
+  ret: Optional[int] = None
+  if u.op is _CONST and isinstance(u.arg, int): ret = u.arg
+  elif u.op is _RANGE or u.op is _DEFINE_VAR: ret = env.get(u, 0)
+  elif u.op is _ALU and u.dtype is not None and u.dtype.count == 1:
+    vals = [index_value(s, env, memo) for s in u.src]
+    if all(v is not None for v in vals): ret = exec_alu(u.arg, u.src[-1].dtype or u.dtype, tuple(vals))
+  memo[u] = ret
+  return ret
+
+def reduce_stride(idx: UOp, rng: UOp) -> Optional[int]:
+  """How far index idx moves when loop rng advances by one (the other loops at 0); None if it reads memory."""
+  lo, hi = index_value(idx, {}, {}), index_value(idx, {rng: 1}, {})
+  return None if lo is None or hi is None else hi - lo
+
+def closure(u: UOp, stop: set[UOp]) -> list[UOp]:
+  """u and the ALU/CONST ops it depends on that are not in `stop`, sources first."""
+  ret: list[UOp] = []
+  seen: set[UOp] = set()
+  def walk(x: UOp) -> None:
+    if x in seen or x in stop or x.op not in (_ALU, _CONST): return
+    seen.add(x)
+    for s in x.src: walk(s)
+    ret.append(x)
+  walk(u)
+  return ret
+
+def substitute(u: UOp, repl: dict[UOp, UOp], memo: dict[UOp, UOp]) -> UOp:
+  """u with every UOp in repl replaced (index math only: ALU, CONST and loop variables)."""
+  if u in repl: return repl[u]
+  if (ret := memo.get(u)) is not None: return ret
+  ret = u if not u.src else UOp(u.op, u.dtype, tuple(substitute(s, repl, memo) for s in u.src), u.arg)
+  memo[u] = ret
+  return ret
+
+def replace_uops(uops: Sequence[UOp], repl: dict[UOp, UOp]) -> list[UOp]:
+  """uops with each UOp in repl replaced, and every UOp that reads a replaced one rebuilt to read its replacement.
+  One pass in list order, so each replaced UOp must come before its readers: true of every UOp but a reduce RANGE,
+  which its accumulators name before the loop opens."""
+  out: list[UOp] = []
+  new = dict(repl)
+  get = new.get
+  for u in uops:
+    if (n := get(u)) is not None:
+      out.append(n)
+      continue
+    for s in u.src:
+      if s in new:
+        n = new[u] = UOp(u.op, u.dtype, tuple([get(x, x) for x in u.src]), u.arg)
+        out.append(n)
+        break
+    else: out.append(u)
+  return out
