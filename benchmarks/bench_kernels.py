@@ -231,7 +231,7 @@ def main() -> None:
   if cpu and a.profile == "static": devs: dict[Optional[int], Any] = {1: Device.open("CPU", profile="static", **wk)}
   elif cpu:
     default = Device.open("CPU").renderer
-    counts = [int(t) for t in a.threads.split(",") if t.strip()] or sorted({1, getattr(default, "threads", 1)})
+    counts = [int(t) for t in a.threads.split(",") if t.strip()] or sorted({1, default.caps.threads})
     devs = {t: Device.open("CPU", threads=t, **wk) for t in counts}
   else: devs = {None: Device.open(a.device)}
   copy = Copy()

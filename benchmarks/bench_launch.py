@@ -37,18 +37,18 @@ def main() -> None:
   v = Variable("n", 1, 4096)
   cases = {"int shape": (runner_for((n,)), {}), "symbolic n": (runner_for((v,)), {"n": n})}
   fns = {}
-  for name, (r, vv) in cases.items():
+  for name, (run, vv) in cases.items():
     # buffers as large as n's maximum, so that the same call passes both with and without launch-time bounds
     bufs = [Buffer("CPU", v.max, dtypes.float).copyin(np.arange(v.max, dtype=np.float32)) for _ in range(3)]
-    vals = r._check(tuple(bufs), vv)
-    handles = [b._handle for arg, b in zip(r.program.args, bufs) if arg.used]
-    ordered = [vals[x] for x in r.program.vars]
-    fns[f"{name}: runner"] = lambda r=r, vv=vv, b=bufs: r(*b, var_vals=vv)
-    bare = type(r)(r.device, r.program, r.lib)
+    vals = run._check(tuple(bufs), vv)
+    handles = [b._handle for arg, b in zip(run.program.args, bufs) if arg.used]
+    ordered = [vals[x] for x in run.program.vars]
+    fns[f"{name}: runner"] = lambda run=run, vv=vv, b=bufs: run(*b, var_vals=vv)
+    bare = type(run)(run.device, run.program, run.lib)
     bare._bounds = {}   # every check but the address ranges
-    fns[f"{name}: no bounds"] = lambda r=bare, vv=vv, b=bufs: r(*b, var_vals=vv)
-    fns[f"{name}: _launch"] = lambda r=r, h=handles, o=ordered: r.device._launch(r.lib, r.program, h, o, None, None,
-                                                                                  False)
+    fns[f"{name}: no bounds"] = lambda run=bare, vv=vv, b=bufs: run(*b, var_vals=vv)
+    fns[f"{name}: _launch"] = lambda run=run, h=handles, o=ordered: run.device._launch(run.lib, run.program, h, o,
+                                                                                        None, None, False)
   times: dict[str, list[float]] = {k: [] for k in fns}
   for _ in range(a.rounds):
     for k, fn in fns.items(): times[k].append(per_launch_us(fn, a.launches))

@@ -67,7 +67,7 @@ def cmd_show(a: argparse.Namespace) -> int:
   renderer, _ = _renderer(a.device, render_only=True)
   k = _kernel(_load(a.file), renderer, a.opts)
   prg = _optimized_program(k)
-  _out(f"name   {prg.name}", f"device {renderer.device} ({type(renderer).__name__})", f"shape  {_shape(k)}",
+  _out(f"name   {prg.name}", f"device {renderer.caps.device} ({type(renderer).__name__})", f"shape  {_shape(k)}",
        f"opts   {format_opts(k.applied_opts)}")
   if (explain := getattr(k, "explain", None)) is not None: _out("explain", str(explain()))
   _out("source", prg.src)

@@ -52,12 +52,12 @@ def hand_coded(k: Kernel) -> None:
   upcasts; upcasts of broadcast axes while the output is large; reduce unrolling; a default upcast; locals."""
   if _matvec(k): return
   out = k.sts[0]
-  if k.opts.has_local and k.opts.has_shared and all_int(out.shape[:k.first_reduce]):
+  if k.opts.caps.has_local and k.opts.caps.has_shared and all_int(out.shape[:k.first_reduce]):
     _group_small_outputs(k)
   else:
-    why = "no local threads" if not k.opts.has_local else "no shared memory" if not k.opts.has_shared else \
+    why = "no local threads" if not k.opts.caps.has_local else "no shared memory" if not k.opts.caps.has_shared else \
       "the output shape is symbolic"
-    decide(k, "spec.grouptop", why, has_local=k.opts.has_local, has_shared=k.opts.has_shared)
+    decide(k, "spec.grouptop", why, has_local=k.opts.caps.has_local, has_shared=k.opts.caps.has_shared)
   _upcast_images(k)
   if k.group_for_reduces:
     decide(k, "spec.grouped", "the reduce is grouped in shared memory: no more upcasts or locals",
@@ -67,8 +67,8 @@ def hand_coded(k: Kernel) -> None:
   _upcast_broadcasts(k)
   _unroll_reduce(k)
   _default_upcast(k)
-  if k.opts.has_local: _add_locals(k)
-  else: decide(k, "spec.locals", f"{k.opts.device} has no local threads", has_local=False)
+  if k.opts.caps.has_local: _add_locals(k)
+  else: decide(k, "spec.locals", f"{k.opts.caps.device} has no local threads", has_local=False)
 
 def _matvec(k: Kernel) -> bool:
   """Matrix-vector heuristic: group the contiguous reduce across threads, block the rows. True if applied."""
@@ -77,8 +77,9 @@ def _matvec(k: Kernel) -> bool:
   def no(why: str, **facts: Any) -> bool:
     decide(k, "spec.matvec", why, **facts)
     return False
-  if not (k.opts.has_local and k.opts.has_shared): return no("needs local threads and shared memory",
-                                                           has_local=k.opts.has_local, has_shared=k.opts.has_shared)
+  c = k.opts.caps
+  if not (c.has_local and c.has_shared):
+    return no("needs local threads and shared memory", has_local=c.has_local, has_shared=c.has_shared)
   if not (cfg.MV != 0 and (bs > 1 or tpr > 1 or rpt > 1)):
     return no("turned off by the MV knobs", MV=cfg.MV, MV_BLOCKSIZE=bs, MV_THREADS_PER_ROW=tpr, MV_ROWS_PER_THREAD=rpt)
   r = k.reduceop

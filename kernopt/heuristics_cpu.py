@@ -73,9 +73,9 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   row of 56 is no multiple of 16). Eight independent chains keep both FMA pipes busy through the 4-cycle latency."""
   rows = row_axis(k, vaxis)
   cols = 2 * width if rows is not None and k.full_shape[vaxis] % (2 * width) == 0 and \
-    2 * width <= k.opts.max_upcast else width
+    2 * width <= k.opts.caps.max_upcast else width
   facts = {"axis": vaxis, "size": k.full_shape[vaxis], "buffer_strides": buffer_strides(k, vaxis),
-           "vector_width": width, "row_axis": rows, "max_upcast": k.opts.max_upcast}
+           "vector_width": width, "row_axis": rows, "max_upcast": k.opts.caps.max_upcast}
   if not try_apply(k, "cpu.tile_columns", Opt(OptOps.UPCAST, vaxis, cols),
                    f"{cols // width} vector(s) of accumulators along the contiguous axis", **facts):
     decide(k, "cpu.tile_columns", f"UPCAST of axis {vaxis} by {cols} refused: the spec's rules decide", **facts)
@@ -130,14 +130,14 @@ def _unroll_contiguous_reduce(k: Kernel, width: int) -> bool:
     return False
   axis = end - 1
   facts = {"axis": axis, "size": k.full_shape[axis], "buffer_strides": buffer_strides(k, axis), "vector_width": width,
-           "max_unroll": k.opts.max_unroll}
+           "max_unroll": k.opts.caps.max_unroll}
   if not any(strides(k, i)[axis] == 1 for i in input_bufs(k)):
     decide(k, rule, "no vector axis, and the last reduce axis is unit-stride in no input: the spec's rules decide",
            **facts)
     return False
   size = k.full_shape[axis]
   for amt in (2 * width, width):
-    if amt <= k.opts.max_unroll and _int(size) and size % amt == 0 and \
+    if amt <= k.opts.caps.max_unroll and _int(size) and size % amt == 0 and \
        try_apply(k, rule, Opt(OptOps.UNROLL, axis - k.first_reduce, amt), f"{amt // width} vector(s) of accumulators",
                  **facts): return True
   decide(k, rule, f"neither {2 * width} nor {width} divides the reduce axis within max_unroll: the spec's rules decide",
@@ -153,12 +153,12 @@ def _multi_reduce(k: Kernel, vaxis: Optional[int], width: int) -> bool:
   for axis in reversed(range(k.first_reduce, k.shape_len - k.upcasted)):
     size = k.full_shape[axis]
     facts = {"axis": axis, "size": size, "buffer_strides": buffer_strides(k, axis), "vector_width": width,
-             "max_unroll": k.opts.max_unroll, "reduces": len(k.reduceops)}
+             "max_unroll": k.opts.caps.max_unroll, "reduces": len(k.reduceops)}
     if not any(strides(k, i)[axis] == 1 for i in input_bufs(k)):
       decide(k, rule, f"reduce axis {axis} is unit-stride in no input", **facts)
       continue
     for amt in (2 * width, width):
-      if amt <= k.opts.max_unroll and _int(size) and size % amt == 0 and \
+      if amt <= k.opts.caps.max_unroll and _int(size) and size % amt == 0 and \
          try_apply(k, rule, Opt(OptOps.UNROLL, axis - k.first_reduce, amt), f"{amt // width} vector(s) of "
                    f"accumulators for every reduce over axis {axis}", **facts):
         applied = True

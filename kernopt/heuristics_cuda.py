@@ -34,10 +34,10 @@ RULES: dict[str, str] = {
 
 def hand_coded_cuda(k: Kernel) -> bool:
   """Apply the CUDA profile's rules to k; False (k untouched) when none fits, so the spec's heuristics run."""
-  if k.upcasted or k.local_dims or k.group_for_reduces or not k.bufs or k.opts.has_local is False:
+  if k.upcasted or k.local_dims or k.group_for_reduces or not k.bufs or k.opts.caps.has_local is False:
     decide(k, "cuda.profile", "something is upcast, local or grouped already, or no locals: the spec's rules decide",
            upcasted=k.upcasted, local_dims=k.local_dims, group_for_reduces=k.group_for_reduces,
-           has_local=k.opts.has_local)
+           has_local=k.opts.caps.has_local)
     return False
   if k.reduceop is None: return _elementwise(k)
   return _row_reduce(k) or _tile_and_split(k)

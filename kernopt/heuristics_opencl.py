@@ -107,13 +107,13 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   512^3 95.5/72.3 vs 99.6/71.9; an unroll of 8 was slower on both); otherwise 8 vector accumulators and the axis
   unrolled by 4, or entirely when it is at most 3 (a conv's window column)."""
   rows = row_axis(k, vaxis)
-  two = 2 * width <= k.opts.max_upcast and k.full_shape[vaxis] % (2 * width) == 0
+  two = 2 * width <= k.opts.caps.max_upcast and k.full_shape[vaxis] % (2 * width) == 0
   cols = 2 * width if rows is not None and two else width
   last = k.full_shape[k.shape_len - k.upcasted - 1] if k.first_reduce < k.shape_len - k.upcasted else None
   long_k = _int(last) and last > 3 and last % 2 == 0
   wide = cols == 2 * width and long_k
   facts = {"axis": vaxis, "size": k.full_shape[vaxis], "buffer_strides": buffer_strides(k, vaxis),
-           "vector_width": width, "row_axis": rows, "last_reduce": last, "max_upcast": k.opts.max_upcast}
+           "vector_width": width, "row_axis": rows, "last_reduce": last, "max_upcast": k.opts.caps.max_upcast}
   if not try_apply(k, "opencl.tile_columns", Opt(OptOps.UPCAST, vaxis, cols),
                    f"{cols // width} vector(s) of accumulators along the contiguous axis", **facts):
     decide(k, "opencl.tile_columns", f"UPCAST of axis {vaxis} by {cols} refused: the spec's rules decide", **facts)
@@ -131,7 +131,7 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
                  axis=rows, size=k.full_shape[rows])
   else: decide(k, "opencl.tile_rows", "no output axis broadcasts every input that streams the vector axis")
   _tile_unroll(k, wide, row_amt)
-  if rows is not None and k.opts.has_local and rows < k.first_reduce and _int(n := k.full_shape[rows]):
+  if rows is not None and k.opts.caps.has_local and rows < k.first_reduce and _int(n := k.full_shape[rows]):
     # neighbouring row blocks share the streamed input: one work-group runs them one after another on one core
     most = max(1, TILE_ROWS // row_amt)
     for amt in (8, 4, 2):
@@ -140,7 +140,7 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
                    "work-group share the streamed input", axis=rows, size=n, limit=TILE_ROWS): break
     else: decide(k, "opencl.row_blocks", f"no 8, 4 or 2 row blocks within {most} leave 2 groups", axis=rows, size=n)
   else: decide(k, "opencl.row_blocks", "no row axis left among the global axes, or no local threads", row_axis=rows,
-               has_local=k.opts.has_local)
+               has_local=k.opts.caps.has_local)
   return True
 
 def _tile_unroll(k: Kernel, wide: bool, row_amt: int) -> None:
@@ -171,13 +171,13 @@ def _contiguous_reduce(k: Kernel, width: int) -> bool:
   axis = end - 1
   size = k.full_shape[axis]
   facts = {"axis": axis, "size": size, "buffer_strides": buffer_strides(k, axis), "vector_width": width,
-           "max_unroll": k.opts.max_unroll}
+           "max_unroll": k.opts.caps.max_unroll}
   if not any(strides(k, i)[axis] == 1 for i in input_bufs(k)):
     decide(k, rule, "the last reduce axis is unit-stride in no input: the spec's rules decide", **facts)
     return False
   if not _int(size) or not any(size % amt == 0 and try_apply(k, rule, Opt(OptOps.UNROLL, axis - k.first_reduce, amt),
                                                              f"{amt // width} vector(s) of accumulators", **facts)
-                               for amt in (2 * width, width) if amt <= k.opts.max_unroll):
+                               for amt in (2 * width, width) if amt <= k.opts.caps.max_unroll):
     decide(k, rule, f"neither {2 * width} nor {width} divides the reduce axis within max_unroll: the spec's rules "
            "decide", **facts)
     return False
@@ -193,7 +193,7 @@ def _group(k: Kernel, threads: int, why: str) -> None:
   """Make up to `threads` work-items of the last global axis one work-group (PoCL runs a group's items as a loop
   on one core), keeping at least 2 groups on that axis so every core gets work."""
   rule = "opencl.group"
-  if not k.opts.has_local:
+  if not k.opts.caps.has_local:
     decide(k, rule, "no local threads", has_local=False)
     return
   for axis in reversed(range(k.first_reduce)):

@@ -118,8 +118,8 @@ class Kernel(LoopNest):
     shape, knobs = self.full_shape, {"USE_TC": use_tc, "TC_OPT": level}
     def note(rule: str, why: str, opt: Optional[Opt] = None, **facts: Any) -> None:
       self.record(Decision(rule, {"full_shape": shape, **knobs, **facts}, opt, why))
-    if not self.opts.tensor_cores and use_tc != 2:
-      note("tc.off", f"{self.opts.device} has no tensor cores and USE_TC != 2")
+    if not self.opts.caps.tensor_cores and use_tc != 2:
+      note("tc.off", f"{self.opts.caps.device} has no tensor cores and USE_TC != 2")
       return False
     snap = self.snapshot()
     tried: list[tuple[str, str]] = []
@@ -228,7 +228,7 @@ class Kernel(LoopNest):
     count("lowerings")
     self.global_size: Optional[list[sint]] = None
     self.local_size: Optional[list[sint]] = None
-    if self.opts.has_local:
+    if self.opts.caps.has_local:
       self.global_size, self.local_size = [1, 1, 1], [1, 1, 1]
       for u in self.uops:
         if u.op is UOps.SPECIAL:
@@ -294,7 +294,7 @@ class Kernel(LoopNest):
     gs = tuple(self.global_size) if self.global_size is not None else None
     ls = tuple(self.local_size) if self.local_size is not None else None
     opts = tuple(f"{o.op.name}({o.axis},{o.amt})" for o in self.applied_opts)
-    prg = Program(fname, src, self.opts.device, gs, ls, uops=tuple(self.uops), op_estimate=flops, mem_estimate=mem,
+    prg = Program(fname, src, self.opts.caps.device, gs, ls, uops=tuple(self.uops), op_estimate=flops, mem_estimate=mem,
                   args=args, vars=tuple(self.vars), var_args=var_args,
                   extra={"display_name": self.display_name, "opts": opts, "codegen_s": time.perf_counter() - st})
     if getconfig().RUN_PROCESS_REPLAY:

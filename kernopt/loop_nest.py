@@ -209,7 +209,8 @@ class LoopNest:
   def get_float4_upcast_dim(self, i: int) -> list[int]:
     """Upcasted unit-stride axes of buffer i worth loading as vectors (float/half/image on a float4 dialect)."""
     dt = self.bufs[i].dtype
-    if not (self.opts.supports_float4 and (dt in (dtypes.float, dtypes.half) or isinstance(dt, ImageDType))): return []
+    if not self.opts.caps.supports_float4 or not (dt in (dtypes.float, dtypes.half) or isinstance(dt, ImageDType)):
+      return []
     start = self.shape_len - self.upcasted
     return [x for x in self.sts[i].unit_stride_axes() if x >= start and self.sts[i].shape[x] != 1]
 

@@ -1,117 +1,39 @@
 """Lowering of an optimized AST (Kernel.get_optimized_ast) to a UOp graph: axes become SPECIAL thread indices,
-RANGE loops or expanded lanes; buffers become guarded LOADs/STOREs; reduces become accumulators.
-Imports dtype, errors, helpers, ops, renderers, shape/ and uops."""
+RANGE loops or expanded lanes; buffers become guarded LOADs/STOREs; reduces become accumulators. On a profile that
+packs lanes into vectors (kernopt.lower_vectors) the lanes that would be packed are built as vector UOps directly.
+The parts live beside it: index rendering (lower_index), reduces (lower_reduce), vector lanes (lower_vectors) and the
+GPU's float4 and image accesses (lower_float4). Imports dtype, errors, helpers, ops, renderers, shape/, uops,
+lower_index, lower_vectors, lower_reduce and lower_float4."""
 from __future__ import annotations
 import functools, itertools
 from typing import Any, Optional, Sequence
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError, VerifyError
 from kernopt.helpers import all_int, dedup, prod
-from kernopt.ops import (BinaryOps, BufferOps, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps,
-                         WMMAArg)
+from kernopt.lower_float4 import Float4Lanes
+from kernopt.lower_index import (I32, I64, INT32_MAX, INT32_MIN, RENDER_OPS, Wide, alu, as_bool, fold_dims, index_const,
+                                 linear, upper, value_dtype)
+from kernopt.lower_reduce import ReduceLowering, reduce_paths
+from kernopt.lower_vectors import Lanes, Scalar, VectorLowering, VectorPlan, Vecs, plan, vector_sink
+from kernopt.ops import BinaryOps, BufferOps, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
 from kernopt.renderers import var_dtype
 from kernopt.shape.shapetracker import ShapeTracker
-from kernopt.shape.symbolic import AndNode, DivNode, LtNode, ModNode, MulNode, Node, NumNode, SumNode, Variable
+from kernopt.shape.symbolic import AndNode, Node, NumNode, SumNode, Variable
 from kernopt.uops import UOp, UOps
 
 # Axis groups of the optimized AST, left to right: global (threads of the grid, or loops on CPU) | local (threads
 # of a workgroup) | group (workgroup threads that a reduce splits across, combined through local memory) | reduce
 # loops | upcasted (expanded into lanes: one UOp per combination of their indices).
 
-I32, I64 = dtypes.int32, dtypes.int64
-INT32_MIN, INT32_MAX = -2**31, 2**31 - 1
-MAX_ACCS = 32   # independent accumulators of one reduce, at most (CPU registers)
-
-_CONSTS: dict[tuple[int, DType], UOp] = {}
-def _const(v: int, dt: DType = I32) -> UOp:
-  """The index constant v of dt (int32, or int64 in a kernel lowered with int64 indices), built once."""
-  if (u := _CONSTS.get((v, dt))) is None:
-    if len(_CONSTS) > 8192: _CONSTS.clear()
-    u = _CONSTS[(v, dt)] = UOp.const(dt, v)
-  return u
-
-class _Wide(Exception):
-  """An index, a loop bound or a Variable that int32 can't hold: the kernel is lowered again with int64 indices."""
 # enum members as module constants: an attribute of an Enum class costs ~0.15 us on Python 3.11
 _ALU, _CONST, _LOAD, _STORE = UOps.ALU, UOps.CONST, UOps.LOAD, UOps.STORE
 _ADD, _WHERE = BinaryOps.ADD, TernaryOps.WHERE
 _ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps)
-def _alu(op: Any, dt: Optional[DType], *src: UOp) -> UOp: return UOp(_ALU, dt, src, op)
+_UNSET: Any = object()
 
-def _operand(b: Any, ops: Any, ctx: Any) -> UOp: return ctx.const(b) if isinstance(b, int) else b.render(ops, ctx)
-
-def _cached(fn: Any) -> Any:
-  def wrapper(n: Node, ops: Any, ctx: _Lowerer) -> UOp:
-    if (u := ctx.render_cache.get(n)) is None:
-      if ctx.idx_dt is I32: ctx.check(n)
-      u = ctx.render_cache[n] = fn(n, ops, ctx)
-    return u
-  return wrapper
-
-def _value_dtype(dt: Any) -> Any:
-  """The dtype of a value computed from dt's loads: an image's elements are read as float."""
-  return dtypes.float if isinstance(dt, ImageDType) else dt
-
-def _as_bool(u: UOp) -> UOp:
-  if u.dtype == dtypes.bool or u.dtype is None: return u
-  return _alu(BinaryOps.CMPNE, dtypes.bool, u, _const(0) if u.dtype is I32 else UOp.const(u.dtype, 0))
-
-RENDER_OPS: dict[type, Any] = {
-  Variable: _cached(lambda n, ops, ctx: ctx.var_uop(n)),
-  NumNode: lambda n, ops, ctx: ctx.const(n.b),
-  MulNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.MUL, ctx.idx_dt, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
-  DivNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.IDIV, ctx.idx_dt, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
-  ModNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.MOD, ctx.idx_dt, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
-  LtNode: _cached(lambda n, ops, ctx: _alu(BinaryOps.CMPLT, dtypes.bool, n.a.render(ops, ctx),
-                                           _operand(n.b, ops, ctx))),
-  SumNode: _cached(lambda n, ops, ctx: functools.reduce(lambda a, b: _alu(BinaryOps.ADD, ctx.idx_dt, a, b),
-                                                        [x.render(ops, ctx) for x in n.nodes])),
-  AndNode: _cached(lambda n, ops, ctx: functools.reduce(lambda a, b: _alu(BinaryOps.AND, dtypes.bool, a, b),
-                                                        [_as_bool(x.render(ops, ctx)) for x in n.nodes])),
-}
-
-def fold_dims(sizes: Sequence[Any], maxes: Optional[Sequence[int]]) -> list[list[int]]:
-  """Contiguous groups of axes, one group per launch dimension (at most len(maxes), 3 without maxes), each
-  group's size within its dimension's maximum. Preferred: one axis per dimension, extra leading axes merged
-  into dimension 0 (the dimension with the largest limit on every dialect)."""
-  n = len(sizes)
-  if n == 0: return []
-  lim = list(maxes) if maxes else [None] * 3
-  def fits(groups: list[list[int]]) -> bool:
-    return all((m := lim[d]) is None or _upper(prod(sizes[a] for a in g)) <= m for d, g in enumerate(groups))
-  for k in range(min(n, len(lim)), 0, -1):
-    for cuts in reversed(list(itertools.combinations(range(1, n), k - 1))):
-      bounds = (0,) + cuts + (n,)
-      groups = [list(range(bounds[i], bounds[i + 1])) for i in range(k)]
-      if fits(groups): return groups
-  raise UnsupportedError(f"launch dimensions {tuple(sizes)} don't fit the device's maxima {tuple(lim)}")
-
-def _upper(x: Any) -> int: return x if isinstance(x, int) else x.max
-
-def _linear(node: Node, upvars: dict[Variable, int]) -> Optional[tuple[Node, dict[int, int]]]:
-  """node == base + Σ stride_j·u_j for the upcast variables u_j, or None when an upcast variable sits inside a
-  nonlinear term."""
-  terms = node.nodes if isinstance(node, SumNode) else [node]
-  base: list[Node] = []
-  strides: dict[int, int] = {}
-  for t in terms:
-    if isinstance(t, Variable) and t in upvars: strides[upvars[t]] = strides.get(upvars[t], 0) + 1
-    elif isinstance(t, MulNode) and isinstance(t.a, Variable) and t.a in upvars and isinstance(t.b, int):
-      strides[upvars[t.a]] = strides.get(upvars[t.a], 0) + t.b
-    elif isinstance(t, NumNode) or not (t.vars() & upvars.keys()): base.append(t)
-    else: return None
-  return Node.sum(base), strides
-
-def _divisible(n: Node, w: int) -> bool:
-  """n is a multiple of w for every value of its variables."""
-  if isinstance(n, NumNode): return n.b % w == 0
-  if isinstance(n, MulNode): return (isinstance(n.b, int) and n.b % w == 0) or _divisible(n.a, w)
-  if isinstance(n, SumNode): return all(_divisible(x, w) for x in n.nodes)
-  return False
-
-class _Lowerer:
-  def __init__(self, ast: LazyOp, opts: Any, idx_dt: DType = I32):
-    # index arithmetic in int32 unless some index, loop bound or Variable is not proved to fit (then _Wide)
+class _Lowerer(ReduceLowering, VectorLowering, Float4Lanes):
+  def __init__(self, ast: LazyOp, opts: Any, idx_dt: DType = I32, vectors: bool = True):
+    # index arithmetic in int32 unless some index, loop bound or Variable is not proved to fit (then Wide)
     self.idx_dt = idx_dt
     if ast.op is not MetaOps.KERNEL or not ast.src or any(s.op is not BufferOps.STORE for s in ast.src):
       raise VerifyError(f"lower needs a KERNEL op over STOREs, got {ast.op}")
@@ -145,18 +67,20 @@ class _Lowerer:
     self.render_cache: dict[Node, UOp] = {}
     self.idxs: list[Node] = [NumNode(0)] * n
     self.range_of: dict[int, UOp] = {}
+    self.vp: Optional[VectorPlan] = None
     if any(s == 0 for s in out_shape):  # an empty output: no loop, no thread, no store
       for v in ast.vars(): self.var_uop(v)
       self.sink = UOp(UOps.SINK, None, tuple(self.define_vars[v.expr] for v in ast.vars()))
       return
-    use_locals = opts.has_local and not self.info.dont_use_locals
-    if opts.has_local:
+    caps = opts.caps
+    use_locals = caps.has_local and not self.info.dont_use_locals
+    if caps.has_local:
       gend = gd if use_locals else fr + len(group)
       if not use_locals and group: raise UnsupportedError("a GROUP reduce needs local memory, but locals are off")
-      self._grid("gidx", range(gend), opts.global_max)
+      self._grid("gidx", range(gend), caps.global_max)
       # a warp's lanes are the first local axes, axis 0 fastest: the tensor-core layouts assume it
       has_wmma = any(x.op is ReduceOps.WMMA for x in ast.lazyops)
-      if use_locals: self._grid("lidx", range(gd, fr + len(group)), opts.local_max, first_fastest=has_wmma)
+      if use_locals: self._grid("lidx", range(gd, fr + len(group)), caps.local_max, first_fastest=has_wmma)
     else:
       if group: raise UnsupportedError(f"GROUP reduce over axes {group} needs a device with local threads")
       for a in range(fr): self.idxs[a] = self._loop(a, False)
@@ -172,17 +96,23 @@ class _Lowerer:
     self.lane_of = {ln: i for i, ln in enumerate(self.lanes)}
     self.up_sizes: tuple[int, ...] = up_sizes
     self.writable = {x.arg.idx for x in ast.src if x.arg.idx >= 0}
-    self.memo: dict[LazyOp, list[UOp]] = {}
-    self.paths = _reduce_paths(ast)
+    self.memo: dict[LazyOp, Lanes] = {}
+    self.exprs: dict[LazyOp, tuple[Node, Node]] = {}
+    self.linears: dict[Node, Any] = {}
+    self.folds: dict[UOp, bool] = {}
+    self.paths = reduce_paths(ast)
     self.range_owner: dict[int, tuple] = {}
     self.own_ranges: dict[tuple[int, tuple], UOp] = {}
+    self.vstores: dict[LazyOp, list[UOp]] = {}
     self.acc_n = 0
     self.local_n = 0
-    stores = [u for s in ast.src for u in self.lower(s)]
+    if vectors: self.vp = plan(self, ast)
+    stores = [u for s in ast.src for u in self.lanes_of(s)]
     # every variable of the AST is a kernel parameter, even one only the launch size uses
     for v in ast.vars(): self.var_uop(v)
     params = [self.define_vars[v.expr] for v in ast.vars()]
-    self.sink = UOp(UOps.SINK, None, tuple(dedup(stores + params)))
+    if self.vp is None: self.sink = UOp(UOps.SINK, None, tuple(dedup(stores + params)))
+    else: self.sink = vector_sink([(self.vstores.get(s), self.lanes_of(s)) for s in ast.src], self.vp, params)
 
   # ***** index variables *****
 
@@ -197,21 +127,21 @@ class _Lowerer:
   def render(self, n: Any) -> UOp: return self.const(n) if isinstance(n, int) else n.render(RENDER_OPS, self)
 
   def const(self, v: int) -> UOp:
-    if self.idx_dt is I64: return _const(v, I64)
-    if not INT32_MIN <= v <= INT32_MAX: raise _Wide
-    return _const(v)
+    if self.idx_dt is I64: return index_const(v, I64)
+    if not INT32_MIN <= v <= INT32_MAX: raise Wide
+    return index_const(v)
 
   def check(self, n: Node) -> None:
-    """Raise _Wide unless n, and every partial sum of a SumNode, fits int32."""
-    if n.min < INT32_MIN or n.max > INT32_MAX: raise _Wide
+    """Raise Wide unless n, and every partial sum of a SumNode, fits int32."""
+    if n.min < INT32_MIN or n.max > INT32_MAX: raise Wide
     if isinstance(n, SumNode) and (sum(min(0, x.min) for x in n.nodes) < INT32_MIN or
-                                   sum(max(0, x.max) for x in n.nodes) > INT32_MAX): raise _Wide
+                                   sum(max(0, x.max) for x in n.nodes) > INT32_MAX): raise Wide
 
   def _grid(self, prefix: str, axes: range, maxes: Optional[Sequence[int]], first_fastest: bool = False) -> None:
     sizes = [self.full_shape[a] for a in axes]
     for d, g in enumerate(fold_dims(sizes, maxes)):
       size = prod(sizes[i] for i in g)
-      var = Variable(f"{self.ip}{prefix}{d}", 0, _upper(size) - 1)
+      var = Variable(f"{self.ip}{prefix}{d}", 0, upper(size) - 1)
       if var.max > INT32_MAX: raise UnsupportedError(f"launch dimension {d} of size {size} exceeds int32 thread ids")
       special = UOp(UOps.SPECIAL, I32, (), (d, f"{prefix}{d}", size))
       self.var_uops[var.expr] = special if self.idx_dt is I32 else UOp(UOps.CAST, self.idx_dt, (special,))
@@ -224,7 +154,7 @@ class _Lowerer:
   def _loop(self, a: int, is_reduce: bool, prefix: str = "r") -> Node:
     size = self.full_shape[a]
     if size == 0: return NumNode(0)  # a reduce over it is its identity; nothing else iterates it (output not empty)
-    var = Variable(f"{self.ip}{prefix}{a}", 0, _upper(size) - 1)
+    var = Variable(f"{self.ip}{prefix}{a}", 0, upper(size) - 1)
     rng = UOp(UOps.RANGE, self.idx_dt, (self.const(0), self.render(size)), (a, is_reduce))
     self.var_uops[var.expr] = self.range_of[a] = rng
     return var
@@ -238,6 +168,46 @@ class _Lowerer:
       idxs = [NumNode(0) if s == 1 else i for s, i in zip(st.shape, idxs)]
     return st.expr_idxs(idxs)
 
+  def node_expr(self, x: LazyOp) -> tuple[Node, Node]:
+    """(index, valid) of buffer op x (a global buffer's, or a CONST's) over the lanes, computed once."""
+    if (ret := self.exprs.get(x)) is None: ret = self.exprs[x] = self._expr(x.arg.st, self.idxs)
+    return ret
+
+  def linear_of(self, node: Node) -> Optional[tuple[Node, dict[int, int]]]:
+    """lower_index.linear(node) in the upcast variables, computed once per node."""
+    if (ret := self.linears.get(node, _UNSET)) is _UNSET: ret = self.linears[node] = linear(node, self.up_vars)
+    return ret  # type: ignore[return-value]
+
+  def lane_offsets(self, strides: dict[int, int]) -> list[int]:
+    """Each lane's offset Σ stride_j·u_j (lanes are the product of the upcast ranges, last axis fastest)."""
+    offs = [0]
+    for j, size in enumerate(self.up_sizes):
+      st = strides.get(j, 0)
+      offs = [o + st * k for o in offs for k in range(size)]
+    return offs
+
+  def offset_index(self, base: Node, b: UOp, o: int) -> UOp:
+    """The UOp of index base + o, b being base's."""
+    if base.min == base.max: return self.const(base.min + o)
+    if b.op is _ALU and b.arg is _ADD and b.src[1].op is _CONST:
+      # (x + c) + o built as x + (c+o): what the rewrites would make of it, without rebuilding every user
+      x, c = b.src[0], b.src[1].arg
+      return b if o == 0 else x if c + o == 0 else UOp(_ALU, b.dtype, (x, self.const(c + o)), _ADD)
+    return b if o == 0 else UOp(_ALU, self.idx_dt, (b, self.const(o)), _ADD)
+
+  def base_key(self, base: Node) -> tuple[Optional[UOp], int]:
+    """(the part of base's UOp a lane's index UOp adds its constant to, base's constant): the vectorize pass's key."""
+    if base.min == base.max: return None, base.min
+    b = self.render(base)
+    if b.op is _ALU and b.arg is _ADD and b.src[1].op is _CONST: return b.src[0], b.src[1].arg
+    return b, 0
+
+  def lane_groups(self, j: int, w: int) -> list[list[int]]:
+    """The lanes of each aligned run of w along upcast axis j, in lane order (lane i's index along j is
+    i // stride % size: the lanes are the product of the upcast ranges, last axis fastest)."""
+    stride, size = prod(self.up_sizes[j + 1:]), self.up_sizes[j]
+    return [[i + t * stride for t in range(w)] for i in range(len(self.lanes)) if i // stride % size % w == 0]
+
   def per_lane(self, node: Node, is_bool: bool = False) -> list[UOp]:
     """The UOp of node for each lane (upcast variables replaced by the lane's indices)."""
     if self.idx_dt is I32: self.check(node)   # lanes' values lie in node's bounds
@@ -245,27 +215,16 @@ class _Lowerer:
     vs = [j for v, j in self.up_vars.items() if v in node_vars]
     def fix(u: UOp) -> UOp:
       if not is_bool: return u
-      return _as_bool(u) if u.op is not UOps.CONST else UOp.const(dtypes.bool, u.arg)
+      return as_bool(u) if u.op is not UOps.CONST else UOp.const(dtypes.bool, u.arg)
     if not vs: return [fix(self.render(node))] * len(self.lanes)
-    if not is_bool and (lin := _linear(node, self.up_vars)) is not None:
+    if not is_bool and (lin := self.linear_of(node)) is not None:
       base, strides = lin
       b = self.render(base)
-      offs = [0]
-      for j, size in enumerate(self.up_sizes):  # lanes are the product of the upcast ranges, last axis fastest
-        st = strides.get(j, 0)
-        offs = [o + st * k for o in offs for k in range(size)]
+      offs = self.lane_offsets(strides)
       # one UOp per distinct offset (lanes along a broadcast axis share theirs): interning would return the same
       # node for a repeated offset anyway, this only skips building it again
       by_off: dict[int, Any] = dict.fromkeys(offs)
-      if base.min == base.max:
-        for o in by_off: by_off[o] = self.const(base.min + o)
-      elif b.op is _ALU and b.arg is _ADD and b.src[1].op is _CONST:
-        # (x + c) + o built as x + (c+o): what the rewrites would make of it, without rebuilding every user
-        x, c = b.src[0], b.src[1].arg
-        for o in by_off:
-          by_off[o] = b if o == 0 else x if c + o == 0 else UOp(_ALU, b.dtype, (x, self.const(c + o)), _ADD)
-      else:
-        for o in by_off: by_off[o] = b if o == 0 else UOp(_ALU, self.idx_dt, (b, self.const(o)), _ADD)
+      for o in by_off: by_off[o] = self.offset_index(base, b, o)
       return [by_off[o] for o in offs]
     cache: dict[tuple[int, ...], UOp] = {}
     inv = {j: v for v, j in self.up_vars.items()}
@@ -287,48 +246,21 @@ class _Lowerer:
       out.append(cache[key])
     return out
 
-  def _vector_axis(self, mb: MemBuffer, idx: Node, valid: Node) -> Optional[tuple[int, int]]:
-    """(upcast axis j, width) along which this buffer's lanes fold into aligned vector accesses, if any."""
-    if not self.opts.supports_float4 or mb.idx < 0 or mb.dtype not in (dtypes.float, dtypes.half) or not self.lanes:
-      return None
-    return self._fold_axis(idx, valid, (4, 2))
+  # ***** lowering of AST nodes, each to one UOp per lane (or one vector per group of lanes) *****
 
-  def _fold_axis(self, idx: Node, valid: Node, widths: tuple[int, ...]) -> Optional[tuple[int, int]]:
-    """(upcast axis j, width w): idx = base + u_j + (multiples of w) with base a multiple of w, and valid
-    independent of u_j, so w consecutive lanes along j are one aligned access."""
-    if (lin := _linear(idx, self.up_vars)) is None: return None
-    base, strides = lin
-    valid_vars = valid.vars()
-    for j in sorted(strides, reverse=True):
-      if strides[j] != 1 or any(v in valid_vars for v, k in self.up_vars.items() if k == j): continue
-      for w in widths:
-        if self.up_sizes[j] % w == 0 and _divisible(base, w) and all(s % w == 0 for k, s in strides.items() if k != j):
-          return j, w
-    return None
-
-  def _texels(self, img: ImageDType, idx: Node) -> list[UOp]:
-    """The int2 texel coordinate (x, y) of each lane's element idx of an (H, W, 4) image."""
-    w = img.shape[1]
-    xs, ys = self.per_lane((idx // 4) % w), self.per_lane(idx // (4 * w))
-    if self.idx_dt is not I32: xs, ys = [x.cast(I32) for x in xs], [y.cast(I32) for y in ys]   # small: images
-    return [UOp(UOps.VECTORIZE, I32.vec(2), (x, y)) for x, y in zip(xs, ys)]
-
-  def _groups(self, j: int, w: int) -> list[tuple[int, list[int]]]:
-    """(first lane, lanes) of each aligned vector along upcast axis j."""
-    out = []
-    for i, ln in enumerate(self.lanes):
-      if ln[j] % w == 0: out.append((i, [self.lane_of[ln[:j] + (ln[j] + t,) + ln[j + 1:]] for t in range(w)]))
-    return out
-
-  # ***** lowering of AST nodes, each to one UOp per lane *****
-
-  def lower(self, x: LazyOp) -> list[UOp]:
+  def lower(self, x: LazyOp) -> Lanes:
     if (ret := self.memo.get(x)) is None:
       if type(x.op) in _ELEMENTWISE: ret = self._lower_elementwise(x)
       else: ret = self.memo[x] = self._lower(x)
     return ret
 
-  def _lower_elementwise(self, root: LazyOp) -> list[UOp]:
+  def lanes_of(self, x: LazyOp) -> list[UOp]:
+    """lower(x) for a reader of x's scalar lanes (the vector plan lowers no node it reads as vectors)."""
+    ret = self.lower(x)
+    if type(ret) is Vecs: raise AssertionError(f"{x.op} is lowered as vectors but read lane by lane")
+    return ret  # type: ignore[return-value]
+
+  def _lower_elementwise(self, root: LazyOp) -> Lanes:
     """lower(root) for an elementwise root, from an explicit stack instead of recursion (an AST may be a chain of
     10,000 ALU ops), in recursion's order: each source in turn, an elementwise one after its own sources, then the
     op. Buffer ops and reduces are lowered where they are met, so their side effects (loop owners, accumulator and
@@ -347,7 +279,7 @@ class _Lowerer:
         memo[x] = self._elementwise(x, [memo[s] for s in x.src])
     return memo[root]
 
-  def _lower(self, x: LazyOp) -> list[UOp]:
+  def _lower(self, x: LazyOp) -> Lanes:
     if x.op is BufferOps.CONST: return self._const_buf(x)
     if x.op is BufferOps.LOAD: return self._load(x)
     if x.op is BufferOps.STORE: return self._store(x)
@@ -355,15 +287,17 @@ class _Lowerer:
     if x.op in ReduceOps: return self._reduce(x)
     return self._elementwise(x, [self.lower(s) for s in x.src])
 
-  def _elementwise(self, x: LazyOp, src: list[list[UOp]]) -> list[UOp]:
+  def _elementwise(self, x: LazyOp, src: list[Lanes]) -> Lanes:
     """The lanes of ALU (or CAST, BITCAST) op x from its sources' lanes."""
+    if self.vp is not None and x in self.vp.vector: return self._vector_alu(x, value_dtype(x.dtype), src)
+    lanes: list[list[UOp]] = src  # type: ignore[assignment]   # the plan lowers no source of a scalar op as vectors
     if x.op in (UnaryOps.CAST, UnaryOps.BITCAST):
       kind = UOps.CAST if x.op is UnaryOps.CAST else UOps.BITCAST
-      return [UOp(kind, x.arg, (s,)) for s in src[0]]
+      return [UOp(kind, x.arg, (s,)) for s in lanes[0]]
     if x.op is MetaOps.KERNEL: raise VerifyError("nested KERNEL op")
-    dt, op = _value_dtype(x.dtype), x.op
-    if len(src) == 2: return [UOp(_ALU, dt, (a, b), op) for a, b in zip(src[0], src[1])]
-    return [UOp(_ALU, dt, tuple([s[i] for s in src]), op) for i in range(len(self.lanes))]
+    dt, op = value_dtype(x.dtype), x.op
+    if len(lanes) == 2: return [UOp(_ALU, dt, (a, b), op) for a, b in zip(lanes[0], lanes[1])]
+    return [UOp(_ALU, dt, tuple([s[i] for s in lanes]), op) for i in range(len(self.lanes))]
 
   def _symbolic_const(self, val: Node, dt: DType) -> UOp:
     """A CONST holding an int expression of Variables: rendered from the DEFINE_VARs like an index, then converted."""
@@ -373,28 +307,34 @@ class _Lowerer:
   def _const_buf(self, x: LazyOp) -> list[UOp]:
     dt = x.arg.dtype
     c = UOp.const(dt, x.arg.val) if not isinstance(x.arg.val, Node) else self._symbolic_const(x.arg.val, dt)
-    _, valid = self._expr(x.arg.st, self.idxs)
+    _, valid = self.node_expr(x)
     if valid.min == 1: return [c] * len(self.lanes)
     zero = UOp.const(dt, 0)
-    return [_alu(TernaryOps.WHERE, dt, v, c, zero) if v.op is not UOps.CONST else (c if v.arg else zero)
+    return [alu(TernaryOps.WHERE, dt, v, c, zero) if v.op is not UOps.CONST else (c if v.arg else zero)
             for v in self.per_lane(valid, True)]
 
   def _buf(self, mb: MemBuffer) -> UOp:
     if mb.idx >= 0: return UOp(UOps.DEFINE_GLOBAL, mb.dtype, (), (mb.idx, f"data{mb.idx}", mb.idx in self.writable))
-    return UOp(UOps.DEFINE_LOCAL, mb.dtype, (), (f"temp{self.local_n}", _upper(mb.st.size)))
+    return UOp(UOps.DEFINE_LOCAL, mb.dtype, (), (f"temp{self.local_n}", upper(mb.st.size)))
 
-  def _load(self, x: LazyOp) -> list[UOp]:
+  def _load(self, x: LazyOp) -> Lanes:
     mb: MemBuffer = x.arg
     dt = mb.dtype
     if mb.idx < 0:
-      stores = dedup(self.lower(x.src[0]))
+      stores = dedup(self.lanes_of(x.src[0]))
       buf = stores[0].src[0]
       barrier = UOp(UOps.BARRIER, None, tuple(stores))
       idx, valid = self._expr(mb.st, self.ridxs)
       if valid.min != 1: raise UnsupportedError("a masked local buffer load is not supported")
       return [UOp(UOps.LOAD, dt, (buf, i, barrier)) for i in self.per_lane(idx)]
+    if self.vp is not None and x in self.vp.vector: return self._vector_load(x)
+    return self._scalar_load(x)
+
+  def _scalar_load(self, x: LazyOp) -> list[UOp]:
+    mb: MemBuffer = x.arg
+    dt = mb.dtype
     buf = self._buf(mb)
-    idx, valid = self._expr(mb.st, self.idxs)
+    idx, valid = self.node_expr(x)
     if isinstance(dt, ImageDType): return self._image_load(dt, buf, idx, valid)
     idxs, valids = self.per_lane(idx), self.per_lane(valid, True)
     zero = UOp.const(dt, 0)
@@ -414,51 +354,13 @@ class _Lowerer:
       for t, m in enumerate(members): out[m] = UOp(UOps.GEP, dt, (ld,), t)
     return out
 
-  def _image_load(self, img: ImageDType, buf: UOp, idx: Node, valid: Node) -> list[UOp]:
-    """Each lane's element of a float4 texel: one texel per 4 lanes along a unit-stride upcast axis, else a texel
-    per lane and its component idx % 4 (a GEP when constant, else a WHERE chain)."""
-    texels, valids = self._texels(img, idx), self.per_lane(valid, True)
-    f, f4 = dtypes.float, dtypes.float.vec(4)
-    vzero = UOp(UOps.VECTORIZE, f4, (UOp.const(f, 0.0),) * 4)
-    def fetch(xy: UOp, v: UOp) -> UOp:
-      if v.op is UOps.CONST: return UOp(UOps.LOAD, f4, (buf, xy)) if v.arg else vzero
-      return UOp(UOps.LOAD, f4, (buf, xy, v, vzero))
-    if (vec := self._fold_axis(idx, valid, (4,))) is not None:
-      out: list[UOp] = [vzero] * len(self.lanes)
-      for first, members in self._groups(vec[0], 4):
-        t = fetch(texels[first], valids[first])
-        for k, m in enumerate(members): out[m] = UOp(UOps.GEP, f, (t,), k)
-      return out
-    out = []
-    for xy, v, comp in zip(texels, valids, self.per_lane(idx % 4)):
-      t = fetch(xy, v)
-      if comp.op is UOps.CONST: out.append(UOp(UOps.GEP, f, (t,), comp.arg))
-      else:
-        sel = UOp(UOps.GEP, f, (t,), 3)
-        for k in (2, 1, 0):
-          sel = _alu(TernaryOps.WHERE, f, _alu(BinaryOps.CMPLT, dtypes.bool, comp, self.const(k + 1)),
-                     UOp(UOps.GEP, f, (t,), k), sel)
-        out.append(sel)
-    return out
-
-  def _image_store(self, x: LazyOp, buf: UOp, idx: Node, valid: Node, vals: list[UOp], valids: list[UOp]) -> list[UOp]:
-    """float4 texel stores: 4 lanes along a unit-stride upcast axis (Kernel.required_optimizations upcasts it)."""
-    img: ImageDType = x.arg.dtype
-    if (vec := self._fold_axis(idx, valid, (4,))) is None:
-      raise UnsupportedError(f"a store into {img} needs 4 upcast lanes along a unit-stride axis, "
-                             f"upcast sizes {self.up_sizes}")
-    texels, f = self._texels(img, idx), dtypes.float
-    out = []
-    for first, members in self._groups(vec[0], 4):
-      val = UOp(UOps.VECTORIZE, f.vec(4), tuple(vals[m].cast(f) for m in members))
-      v = valids[first]
-      if v.op is not UOps.CONST: out.append(UOp(UOps.STORE, None, (buf, texels[first], val, v)))
-      elif v.arg: out.append(UOp(UOps.STORE, None, (buf, texels[first], val)))
-    return out
-
   def _store(self, x: LazyOp) -> list[UOp]:
     mb: MemBuffer = x.arg
-    vals = self.lower(x.src[0])
+    src = self.lower(x.src[0])
+    if type(src) is Vecs:
+      ret = self.vstores[x] = self._vector_store(x, src)
+      return ret
+    vals: list[UOp] = src  # type: ignore[assignment]
     if mb.idx < 0:
       buf = self._buf(mb)
       self.local_n += 1
@@ -466,12 +368,12 @@ class _Lowerer:
       if valid.min != 1: raise UnsupportedError("a masked local buffer store is not supported")
       return [UOp(UOps.STORE, None, (buf, i, v)) for i, v in zip(self.per_lane(idx), vals)]
     buf = self._buf(mb)
-    idx, valid = self._expr(mb.st, self.idxs)
+    idx, valid = self.node_expr(x)
     idxs, valids = self.per_lane(idx), self.per_lane(valid, True)
     if self.group:  # only the first thread of each group writes the combined result
-      firsts = [_alu(BinaryOps.CMPLT, dtypes.bool, self.render(self.idxs[a]), self.const(1)) for a in self.group]
-      gate = functools.reduce(lambda a, b: _alu(BinaryOps.AND, dtypes.bool, a, b), firsts)
-      valids = [gate if v.op is UOps.CONST and v.arg else _alu(BinaryOps.AND, dtypes.bool, v, gate) for v in valids]
+      firsts = [alu(BinaryOps.CMPLT, dtypes.bool, self.render(self.idxs[a]), self.const(1)) for a in self.group]
+      gate = functools.reduce(lambda a, b: alu(BinaryOps.AND, dtypes.bool, a, b), firsts)
+      valids = [gate if v.op is UOps.CONST and v.arg else alu(BinaryOps.AND, dtypes.bool, v, gate) for v in valids]
     if isinstance(mb.dtype, ImageDType): return self._image_store(x, buf, idx, valid, vals, valids)
     def one(i: UOp, val: UOp, v: UOp) -> Optional[UOp]:
       if v.op is _CONST: return UOp(_STORE, None, (buf, i, val)) if v.arg else None
@@ -485,154 +387,16 @@ class _Lowerer:
       if (s := one(idxs[first], vv, valids[first])) is not None: out.append(s)
     return out
 
-  def _reduce_loops(self, x: LazyOp) -> tuple[tuple[UOp, ...], dict[UOp, UOp]]:
-    """The RANGEs x accumulates over, and the shared RANGEs its source must be rebuilt with instead. Reduces over
-    the same axes at the same nesting share their loops (one pass); a reduce over other axes, or nested differently,
-    that also reduces an axis gets its own RANGE of that axis, so each loop nest completes on its own."""
-    key = (tuple(x.arg), self.paths.get(x, ()))
-    loops: list[UOp] = []
-    sub: dict[UOp, UOp] = {}
-    for a in sorted(x.arg):
-      if a >= self.first_upcast: continue
-      base = self.range_of[a]
-      if self.range_owner.setdefault(a, key) == key:
-        loops.append(base)
-        continue
-      if (rng := self.own_ranges.get((a, key))) is None:
-        rng = self.own_ranges[(a, key)] = UOp(UOps.RANGE, base.dtype, base.src, base.arg + (len(self.own_ranges) + 1,))
-      loops.append(rng)
-      sub[base] = rng
-    return tuple(loops), sub
-
-  def _reduce(self, x: LazyOp) -> list[UOp]:
-    fu = self.first_upcast
-    ups = [a - fu for a in x.arg if a >= fu]
-    if x.src[0].op is ReduceOps.WMMA:
-      if x.op is not ReduceOps.SUM: raise UnsupportedError(f"{x.op} over a WMMA (only SUM accumulates tensor cores)")
-      return self._wmma(x.src[0], tuple(self.range_of[a] for a in sorted(x.arg) if a < fu), ups)
-    dt = _value_dtype(x.dtype)
-    op = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}[x.op]  # type: ignore[index]
-    init = dtypes.as_const(0 if x.op is ReduceOps.SUM else dtypes.min(dt), dt)
-    if any(self.full_shape[a] == 0 for a in x.arg): return [UOp.const(dt, init)] * len(self.lanes)  # empty: identity
-    loops, sub = self._reduce_loops(x)
-    src = self.lower(x.src[0])
-    if sub:
-      memo: dict[UOp, UOp] = {}
-      src = [_substitute(u, sub, memo) for u in src]
-    combine = lambda xs: functools.reduce(lambda a, b: _alu(op, dt, a, b), xs)  # noqa: E731
-    by_out: dict[tuple[int, ...], list[int]] = {}
-    for i, ln in enumerate(self.lanes):
-      by_out.setdefault(tuple(0 if j in ups else v for j, v in enumerate(ln)), []).append(i)
-    done: dict[tuple[UOp, ...], UOp] = {}
-    out: list[UOp] = [src[0]] * len(self.lanes)
-    # the MAX_ACCS budget is shared by the distinct lane groups: an output lane group that reads the same values as
-    # another (a reduce broadcast along an upcast or unrolled axis of a sibling) shares its accumulators
-    n_groups = len({tuple(src[m] for m in members) for members in by_out.values()})
-    for members in by_out.values():
-      key = tuple(src[m] for m in members)
-      if key not in done:
-        if not loops: done[key] = combine(key)
-        else:
-          # independent accumulators, one per (output lane, unrolled lane) up to MAX_ACCS per reduce: they break
-          # the loop-carried dependency chain; the partial results are combined after the loop
-          per = max(1, min(len(key), MAX_ACCS // n_groups))
-          phis = []
-          for c in range(per):
-            acc = UOp(UOps.DEFINE_ACC, dt, loops, (init, self.acc_n))
-            self.acc_n += 1
-            phis.append(UOp(UOps.PHI, dt, (acc, self._accumulate(op, dt, acc, combine(key[c::per])))))
-          done[key] = combine(phis)
-      for m in members: out[m] = done[key]
-    return out
-
-  def _accumulate(self, op: BinaryOps, dt: DType, acc: UOp, x: UOp) -> UOp:
-    """acc op x; acc + a*b as MULACC(a, b, acc) when the dialect fuses float32 accumulation."""
-    if op is BinaryOps.ADD and dt == dtypes.float32 and self.opts.caps.fused_accumulate and \
-       x.op is UOps.ALU and x.arg is BinaryOps.MUL:
-      return UOp(UOps.ALU, dt, (x.src[0], x.src[1], acc), TernaryOps.MULACC)
-    return _alu(op, dt, acc, x)
-
-  def _wmma(self, w: LazyOp, loops: tuple[UOp, ...], ups: list[int]) -> list[UOp]:
-    """Tensor-core instructions: D = A·B + C per combination of the upcast axes the instruction doesn't consume.
-    A (B) is the vector of the lanes along upcast_axes[0] ([1]) with the other consumed axes at 0, C and D the
-    lanes along upcast_axes[2]; instances differing in the reduced upcast axes `ups` chain through C, and across
-    the reduce `loops` C is the accumulators, which take D's lanes."""
-    arg: WMMAArg = w.arg
-    fu = self.first_upcast
-    ua, ub, uc = (a - fu for a in arg.upcast_axes)
-    red = {a - fu for a in arg.reduce_axes}
-    na, nb, nc = arg.thread_local_sizes
-    n_up = len(self.up_sizes)
-    if not all(0 <= a < n_up for a in (ua, ub, uc, *red)) or \
-       (self.up_sizes[ua], self.up_sizes[ub], self.up_sizes[uc]) != (na, nb, nc) or uc in red or \
-       not {ua, ub} <= red | {uc}:
-      raise UnsupportedError(f"WMMA {arg.name}: upcast axes {arg.upcast_axes} / reduce axes {arg.reduce_axes} don't "
-                             f"hold fragments {arg.thread_local_sizes} in upcast sizes {self.up_sizes} (first {fu})")
-    if self.group: raise UnsupportedError(f"WMMA {arg.name} inside a GROUP reduce")
-    a_vals, b_vals = self.lower(w.src[0]), self.lower(w.src[1])
-    dt = arg.dtype_out
-    def at(ln: tuple[int, ...], fixed: dict[int, int]) -> int:
-      return self.lane_of[tuple(fixed.get(j, v) for j, v in enumerate(ln))]
-    def frag(vals: list[UOp], ln: tuple[int, ...], axis: int, n: int) -> UOp:
-      zero = {j: 0 for j in red | {uc}}
-      return UOp(UOps.VECTORIZE, arg.dtype_in.vec(n), tuple(vals[at(ln, {**zero, axis: i})].cast(arg.dtype_in)
-                                                            for i in range(n)))
-    # one C vector per output: the lanes with the consumed, reduced and C axes at 0
-    outs: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
-    for ln in self.lanes:
-      if any(ln[j] for j in red | {uc}): continue
-      outs.setdefault(tuple(0 if j in ups else v for j, v in enumerate(ln)), []).append(ln)
-    out: list[Optional[UOp]] = [None] * len(self.lanes)
-    for key, instances in outs.items():
-      if loops:
-        accs = [UOp(UOps.DEFINE_ACC, dt, loops, (dtypes.as_const(0, dt), self.acc_n + i)) for i in range(nc)]
-        self.acc_n += nc
-      else: accs = [UOp.const(dt, 0)] * nc
-      c = UOp(UOps.VECTORIZE, dt.vec(nc), tuple(accs))
-      for ln in instances:
-        c = UOp(UOps.WMMA, dt.vec(nc), (frag(a_vals, ln, ua, na), frag(b_vals, ln, ub, nb), c), arg)
-      res = [UOp(UOps.GEP, dt, (c,), i) for i in range(nc)]
-      if loops: res = [UOp(UOps.PHI, dt, (acc, r)) for acc, r in zip(accs, res)]
-      for i, r in enumerate(res): out[at(key, {uc: i})] = r
-    # lanes along the consumed and reduced axes share their output's value
-    return [out[at(ln, {j: 0 for j in red | set(ups)})] for ln in self.lanes]  # type: ignore[misc]
-
-def _reduce_paths(ast: LazyOp) -> dict[LazyOp, tuple]:
-  """The reduce axes of the reduces enclosing each reduce of ast (outermost first), on its first path from a STORE."""
-  paths: dict[LazyOp, tuple] = {}
-  seen: set[tuple[LazyOp, tuple]] = set()
-  stack: list[tuple[LazyOp, tuple]] = [(ast, ())]   # depth first, sources in order (no recursion: deep ASTs)
-  while stack:
-    op, path = stack.pop()
-    if (op, path) in seen: continue
-    seen.add((op, path))
-    if op.op in ReduceOps:
-      paths.setdefault(op, path)
-      path = path + (tuple(op.arg) if isinstance(op.arg, tuple) else (),)
-    stack.extend([(s, path) for s in reversed(op.src)])
-  return paths
-
-def _substitute(u: UOp, sub: dict[UOp, UOp], memo: dict[UOp, UOp]) -> UOp:
-  """u with every UOp in sub replaced (only the UOps that depend on one are rebuilt)."""
-  stack: list[tuple[UOp, bool]] = [(u, False)]   # sources before users, without recursion
-  while stack:
-    x, ready = stack.pop()
-    if x in memo: continue
-    if x in sub: memo[x] = sub[x]
-    elif not x.src: memo[x] = x
-    elif not ready:
-      stack.append((x, True))
-      stack.extend([(s, False) for s in x.src if s not in memo])
-    else:
-      srcs = tuple([memo[s] for s in x.src])
-      memo[x] = x if all(a is b for a, b in zip(srcs, x.src)) else UOp(x.op, x.dtype, srcs, x.arg)
-  return memo[u]
-
-def lower(ast: LazyOp, opts: Any) -> UOp:
+def lower(ast: LazyOp, opts: Any, vectors: bool = True) -> UOp:
   """The SINK of the UOp graph of an optimized AST (see the axis groups above) for a dialect `opts`. Index arithmetic
   is int32 where the symbolic bounds of every index, partial sum, loop bound and Variable prove it enough, else
-  int64 for the whole kernel (thread ids stay int32, widened where used)."""
-  try: return _Lowerer(ast, opts).sink
-  except _Wide: return _Lowerer(ast, opts, I64).sink
+  int64 for the whole kernel (thread ids stay int32, widened where used). With `vectors` (the default) a profile that
+  packs lanes gets the lanes the vectorize pass would pack as vector UOps; without, every upcast lane is a scalar."""
+  try: return _lower(ast, opts, I32, vectors)
+  except Wide: return _lower(ast, opts, I64, vectors)
+
+def _lower(ast: LazyOp, opts: Any, idx_dt: DType, vectors: bool) -> UOp:
+  try: return _Lowerer(ast, opts, idx_dt, vectors).sink
+  except Scalar: return _Lowerer(ast, opts, idx_dt, False).sink
 
 __all__ = ["lower", "fold_dims", "RENDER_OPS"]

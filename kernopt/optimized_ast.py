@@ -52,7 +52,7 @@ def optimized_ast(k: LoopNest) -> LazyOp:
   def wmma(op: LazyOp, tc: TensorCore, axes: tuple[int, ...], which: int) -> LazyOp:
     if which != 0: raise UnsupportedError("nested tensor-core reduces are not supported")
     layout = tc.layout
-    if layout is None: raise UnsupportedError(f"{tc} on {k.opts.device} has no tensor-core layout")
+    if layout is None: raise UnsupportedError(f"{tc} on {k.opts.caps.device} has no tensor-core layout")
     mul = op.src[0].src[0] if op.src[0].op is UnaryOps.CAST else op.src[0]
     assert mul.op is BinaryOps.MUL, f"tensor-core reduce over {mul.op}"
     wd, tcd = k.global_dims, k.shape_len - k.upcasted
@@ -61,7 +61,7 @@ def optimized_ast(k: LoopNest) -> LazyOp:
     reduce_axes = tuple(tcd + r for r in layout.reduce)
     ua, ub, uc = layout.upcast
     arg = ops.WMMAArg(name=str(tc), dims=tc.dims, dtype_in=tc.dtype_in, dtype_out=tc.dtype_out,
-                      thread_local_sizes=tuple(prod(x) for x in tc.thread_local_sizes), device=k.opts.device,
+                      thread_local_sizes=tuple(prod(x) for x in tc.thread_local_sizes), device=k.opts.caps.device,
                       upcast_axes=(tcd + ua, tcd + ub, tcd + uc), reduce_axes=reduce_axes)
     ret = LazyOp(ReduceOps.WMMA, (fix(mul.src[0], 1), fix(mul.src[1], 2)), arg)
     rest = tuple(i for i in axes if i not in reduce_axes)

@@ -28,8 +28,7 @@ from kernopt.runtime import Buffer, Compiled, CompiledRunner, Device
 from kernopt.search_config import SearchConfig, SearchResult, SearchStats
 from kernopt.search_space import GROUP_AMTS, LOCAL_AMTS, PADTO_AMTS, TC_AXES, TC_OPT_LEVEL, UNROLL_AMTS, \
   UPCAST_AMTS, _interleave, _upcast_size, actions, expand  # noqa: F401 (re-exported)
-from kernopt.search_workers import DISK_CACHED, RenderTask, device_spec, noop, process_pool, render_task, stop_pool, \
-  worker_knobs
+from kernopt.search_workers import RenderTask, device_spec, noop, process_pool, render_task, stop_pool, worker_knobs
 from kernopt.tuning_file import EXPORT_FORMAT, EXPORT_VERSION, TUNING_TABLE, export_cache, import_cache  # noqa: F401
 from kernopt.validation import Validator, _as_float, _reference_kernel, random_array, tolerance  # noqa: F401
 
@@ -176,13 +175,13 @@ class _Search:
     return ret
 
   def _build_remote(self, cands: list[_Cand], force: bool) -> list[tuple[_Cand, Optional[Program], str]]:
-    spec = device_spec(self.dev) if hasattr(self.dev, "so_path") or self.dev.name in DISK_CACHED else None
+    spec = device_spec(self.dev) if self.dev.caches_binaries else None
     # a worker's compiler is killed once it outlives the wait for it (at the latest when the budget ends)
     knobs = {**worker_knobs(), "COMPILE_TIMEOUT": max(self._wait_limit(force), 0.05)}
     assert self.executor is not None
     futs = {self.executor.submit(render_task, RenderTask(self.ast_json, self.ast_digest, c.kernel.applied_opts,
                                                            c.kernel.opts, spec, knobs, self.dev.interprets_uops,
-                                                           spec is not None and self.dev.name == "OPENCL")): c
+                                                           spec is not None and self.dev.warmup_launch)): c
             for c in cands}
     pending, ret = set(futs), []
     self.inflight |= pending
@@ -368,7 +367,7 @@ def _device(kernel: Kernel, buffers: Optional[Sequence[Buffer]], device: Optiona
   if device is not None: return device
   for d in Device.opened():
     if d.renderer is kernel.opts: return d
-  return buffers[0].dev if buffers else Device[kernel.opts.device]
+  return buffers[0].dev if buffers else Device[kernel.opts.caps.device]
 
 def search(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None, config: Optional[SearchConfig] = None,
            var_vals: Optional[dict] = None, device: Optional[Compiled] = None) -> SearchResult:

@@ -27,13 +27,13 @@ def actions(k: Kernel, tc_opt: Optional[int] = None) -> list[Opt]:
   n, r = k.shape_len, max(k.shape_len - k.first_reduce, 0)
   ret = [Opt(OptOps.UPCAST, ax, amt) for amt in UPCAST_AMTS for ax in range(k.first_reduce)]
   ret += [Opt(OptOps.UNROLL, ax, amt) for amt in UNROLL_AMTS for ax in range(r)]
-  if k.opts.has_local:
+  if k.opts.caps.has_local:
     ret += [Opt(OptOps.LOCAL, ax, amt) for amt in LOCAL_AMTS for ax in range(k.first_reduce)]
-    if k.opts.has_shared:
+    if k.opts.caps.has_shared:
       ret += [Opt(op, ax, amt) for op in (OptOps.GROUP, OptOps.GROUPTOP) for amt in GROUP_AMTS for ax in range(r)]
     ret.append(Opt(OptOps.NOLOCALS))
   ret += [Opt(OptOps.PADTO, ax, amt) for amt in PADTO_AMTS for ax in range(n)]
-  if k.opts.tensor_cores and not k.applied_opts:
+  if k.opts.caps.tensor_cores and not k.applied_opts:
     level = getconfig().TC_OPT if tc_opt is None else tc_opt
     ret += [Opt(OptOps.TC, ax, level) for ax in range(TC_AXES)]
   return ret
@@ -52,9 +52,9 @@ def _shared_bytes(k: Kernel) -> Any:
 def _over_limits(k: Kernel, cfg: SearchConfig, parent_upcast: int = 0) -> bool:
   """Past the device's limits, or past the search's upcast limit (raised to the parent's: a start beyond it, such as
   a device profile's hand-coded tile, still has children that don't grow the tile)."""
-  r, shared = k.opts, _shared_bytes(k)
+  c, shared = k.opts.caps, _shared_bytes(k)
   return _upcast_size(k) > max(cfg.max_upcast_size, parent_upcast) or \
-    _local_size(k) > min(cfg.max_local_size, r.max_local_size) or not isinstance(shared, int) or shared > r.shared_max
+    _local_size(k) > min(cfg.max_local_size, c.max_local_size) or not isinstance(shared, int) or shared > c.shared_max
 
 def expand(k: Kernel, cfg: SearchConfig, seen: set[str], stats: SearchStats) -> list[tuple[str, Kernel]]:
   """The kernels one action away from k that are valid, within the device's limits and not in `seen` (optimized-AST

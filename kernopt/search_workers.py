@@ -67,8 +67,6 @@ def device_spec(dev: Compiled) -> Optional[tuple[str, tuple]]:
   """(name, options) that reopen dev with Device.open in another process, or None if dev wasn't opened that way."""
   return (dev.name, tuple(sorted(dev.options.items()))) if dev in Device.opened() else None
 
-DISK_CACHED = ("CPU", "OPENCL")   # devices whose compile() stores the binary where another process finds it
-
 def worker_knobs() -> dict[str, Any]:
   cfg = getconfig()
   ret = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}

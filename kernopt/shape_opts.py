@@ -61,8 +61,8 @@ def _apply(k: LoopNest, opt: Opt) -> None:
     if opt.op in (OptOps.LOCAL, OptOps.GROUP, OptOps.GROUPTOP):
       fr = k.first_reduce
       workgroup = prod(k.full_shape[fr - k.local_dims:fr + k.group_for_reduces])
-      need(workgroup * amt <= k.opts.max_local_size, f"workgroup of {workgroup * amt} threads exceeds "
-                                                     f"{k.opts.max_local_size}")
+      need(workgroup * amt <= k.opts.caps.max_local_size, f"workgroup of {workgroup * amt} threads exceeds "
+                                                     f"{k.opts.caps.max_local_size}")
   _MOVES[opt.op](k, opt, axis, amt, need)
   if k.simplify_ones() and k.tensor_core_opts is not None:
     k.tensor_core_opts = k.tensor_core_opts.fix_axes(axis)
@@ -87,19 +87,19 @@ def _check_shared_memory(k: LoopNest, opt: Opt, amt: int) -> None:
   if not (opt.op in (OptOps.GROUP, OptOps.GROUPTOP) or
           (k.group_for_reduces and opt.op not in (OptOps.NOLOCALS, OptOps.PADTO))): return
   need = amt * group_buffer_bytes(k)
-  if not is_int(need) or need > k.opts.shared_max:
-    raise refuse(k, opt, f"needs {need} bytes of shared memory, the dialect has {k.opts.shared_max}")
+  if not is_int(need) or need > k.opts.caps.shared_max:
+    raise refuse(k, opt, f"needs {need} bytes of shared memory, the dialect has {k.opts.caps.shared_max}")
 
 # ***** each OptOp's own checks and move; `need(cond, why)` refuses the Opt when cond is false *****
 
 def _local(k: LoopNest, opt: Opt, axis: int, amt: int, need: Callable) -> None:
-  need(k.opts.has_local, f"{k.opts.device} has no local threads")
+  need(k.opts.caps.has_local, f"{k.opts.caps.device} has no local threads")
   need(axis < k.global_dims, "LOCAL splits a global axis")
   k.shift_to(axis, amt, insert_before=k.first_reduce)
   k.local_dims += 1
 
 def _group(k: LoopNest, opt: Opt, axis: int, amt: int, need: Callable) -> None:
-  need(k.opts.has_local and k.opts.has_shared, f"{k.opts.device} has no local threads or shared memory")
+  need(k.opts.caps.has_local and k.opts.caps.has_shared, f"{k.opts.caps.device} has no local threads or shared memory")
   need(k.first_reduce + k.group_for_reduces <= axis < k.shape_len - k.upcasted,
        "GROUP splits an ungrouped reduce axis")
   need(k.tensor_core is None, "can't group with tensor cores")
@@ -109,7 +109,7 @@ def _group(k: LoopNest, opt: Opt, axis: int, amt: int, need: Callable) -> None:
 
 def _unroll(k: LoopNest, opt: Opt, axis: int, amt: int, need: Callable) -> None:
   need(axis < k.shape_len - k.upcasted, "axis is already upcasted")
-  need(amt <= k.opts.max_unroll, f"unroll of {amt} exceeds {k.opts.max_unroll}")
+  need(amt <= k.opts.caps.max_unroll, f"unroll of {amt} exceeds {k.opts.caps.max_unroll}")
   # a whole-axis unroll leaves size 1 behind; when that axis sits at first_reduce simplify_ones would count
   # it as a local axis, and a fully unrolled grouped axis is no longer grouped
   if k.full_shape[axis] == amt and axis == k.first_reduce: k.local_dims += 1
@@ -121,7 +121,7 @@ def _upcast(k: LoopNest, opt: Opt, axis: int, amt: int, need: Callable) -> None:
   need(axis < k.first_reduce, "UPCAST is for non-reduce axes")
   tc = k.tensor_core
   need(not (tc and k.global_dims <= axis < k.global_dims + len(tc.threads)), "can't upcast tensor-core locals")
-  need(amt <= k.opts.max_upcast, f"upcast of {amt} exceeds {k.opts.max_upcast}")
+  need(amt <= k.opts.caps.max_upcast, f"upcast of {amt} exceeds {k.opts.caps.max_upcast}")
   k.shift_to(axis, amt)
   k.upcast()
 
@@ -138,7 +138,7 @@ def _upcastmid(k: LoopNest, opt: Opt, axis: int, amt: int, need: Callable) -> No
   k.group_for_reduces += 1
 
 def _nolocals(k: LoopNest, opt: Opt, axis: int, amt: int, need: Callable) -> None:
-  need(k.opts.has_local and not k.dont_use_locals, "no locals to turn off")
+  need(k.opts.caps.has_local and not k.dont_use_locals, "no locals to turn off")
   need(k.local_dims == 0 and k.group_for_reduces == 0, "locals are already in use")
   k.dont_use_locals = True
 

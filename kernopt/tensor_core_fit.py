@@ -93,13 +93,13 @@ def _apply_tc(k: LoopNest, opt: Opt, use_tc: int, tried: Optional[list[tuple[str
   need(not k.applied_opts, "tensor cores must be the first Opt")
   if not (is_int(opt.axis) and is_int(opt.amt) and opt.axis >= 0 and opt.amt >= 0):
     raise refuse(k, opt, "TC needs int axis and level")
-  need(use_tc == 2 or k.opts.tensor_cores, f"{k.opts.device} has no tensor cores and USE_TC != 2")
+  need(use_tc == 2 or k.opts.caps.tensor_cores, f"{k.opts.caps.device} has no tensor cores and USE_TC != 2")
   r = k.reduceop
-  need(use_tc and k.opts.has_local and r is not None and r.op is ReduceOps.SUM,
+  need(use_tc and k.opts.caps.has_local and r is not None and r.op is ReduceOps.SUM,
        "needs USE_TC, a SUM reduce and a dialect with locals")
   need(all(reduce_free(red.src[0]) for red in k.reduceops), "a reduce is nested in another")
   need(0 not in k.full_shape, "an axis has size 0")
-  for tc in k.opts.tensor_cores:
+  for tc in k.opts.caps.tensor_cores:
     why: list[str] = []
     matches = [match(k, red, tc, opt.axis, opt.amt, why) for red in k.reduceops]
     if matches[0] is None or not all_same([m[0] if m else None for m in matches]):
@@ -125,7 +125,8 @@ def _apply_tc(k: LoopNest, opt: Opt, use_tc: int, tried: Optional[list[tuple[str
 def _shape_for(k: LoopNest, tc: TensorCore) -> None:
   """tc's Opt sequence: each step's dim is the N (0), M (1) or K (2) axis as tensor_core_opts places it after the
   steps before (an UNROLL counts it from first_reduce); MERGE joins the last two upcasted axes."""
-  if not tc.opts or tc.layout is None: raise KernelOptError(f"{tc} on {k.opts.device} has no Opt sequence or layout")
+  if not tc.opts or tc.layout is None:
+    raise KernelOptError(f"{tc} on {k.opts.caps.device} has no Opt sequence or layout")
   for name, dim, amt in tc.opts:
     tco, op = k.tensor_core_opts, OptOps[name]
     assert tco is not None, "a tensor core is shaped after its match"

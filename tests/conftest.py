@@ -26,3 +26,10 @@ def compiler_runs(monkeypatch):
     return run(cmd, purpose, *args, **kwargs)
   monkeypatch.setattr(cpu, "_run", counting)
   return runs
+
+@pytest.fixture
+def fresh_devices(monkeypatch):
+  """An empty device registry for the test: the devices it opens hold no runner an earlier test compiled in this
+  process, so a first compile really compiles (and writes its binary into the test's CACHE_DIR) whatever ran before."""
+  from kernopt.runtime import Device
+  monkeypatch.setattr(Device, "_open", {})

@@ -52,7 +52,7 @@ def test_run_detects_a_wrong_kernel(files, capsys, monkeypatch):
   assert cli.main(["run", files["add"], "--repeat", "1"]) == 1
   assert "MISMATCH" in capsys.readouterr().out
 
-def test_search_then_the_cache_commands(files, tmp_path, capsys):
+def test_search_then_the_cache_commands(files, tmp_path, capsys, fresh_devices):
   assert cli.main(["search", files["add"], "--budget", "1", "--no-progress", "--beam", "2"]) == 0
   out = capsys.readouterr().out
   assert out.startswith("before ") and "\nafter " in out

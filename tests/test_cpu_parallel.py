@@ -50,9 +50,9 @@ def test_thread_count_is_in_the_source():
   assert "ko_workers < 3 - 1" in src3
 
 def test_threads_default_from_config():
-  with config_override(CPU_THREADS=3): assert NativeCRenderer().threads == 3
-  with config_override(CPU_THREADS=0): assert NativeCRenderer().threads >= 1
-  assert NativeCRenderer(threads=1).parallel == "none"
+  with config_override(CPU_THREADS=3): assert NativeCRenderer().caps.threads == 3
+  with config_override(CPU_THREADS=0): assert NativeCRenderer().caps.threads >= 1
+  assert NativeCRenderer(threads=1).caps.parallel == "none"
 
 def test_small_kernels_run_on_one_thread():
   src, _ = Device.open("CPU", threads=2).renderer, None

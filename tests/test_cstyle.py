@@ -314,7 +314,7 @@ def test_dialect_table_fallback():
   assert "uint32_t" in CRenderer().render_alu(BinaryOps.ADD, dtypes.int32, ["a", "b"])
   assert Plain().render_alu(BinaryOps.CMPLT, dtypes.int32, ["a", "b"]) == "(a<b)"
   with pytest.raises(UnsupportedError, match="XOR"): Plain().render_alu(BinaryOps.XOR, dtypes.int32, ["a", "b"])
-  assert CRenderer().capabilities()["has_local"] is False and CRenderer().global_max is None
+  assert CRenderer().capabilities()["has_local"] is False and CRenderer().caps.global_max is None
 
 # ***** every C compiler on the machine takes the C dialect's half kernels *****
 

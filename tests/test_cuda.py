@@ -46,7 +46,7 @@ def test_symbolic_kernel_takes_int_after_buffers():
 def test_half_is_storage_and_no_tensor_cores_before_sm80():
   prg, tc = program("matmul_half", "sm_75")
   assert not tc and "mma.sync" not in prg.src and "__half2float(" in prg.src
-  assert get_renderer("CUDA", arch="sm_75").tensor_cores == ()
+  assert get_renderer("CUDA", arch="sm_75").caps.tensor_cores == ()
   with pytest.raises(UnsupportedError): get_renderer("CUDA", arch="80")
 
 def test_images_are_refused():

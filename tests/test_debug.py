@@ -56,7 +56,7 @@ def test_nothing_printed_at_debug_0(tmp_path, capsys):
 _BUILT = re.compile(r"built\s+(\S+)\s+(\S+)\s+opts=(\[.*?\])\s+codegen (\S+)(?: ms)?\s+compile (\S+)(?: ms)?\s+"
                     r"cache program=(\S+) binary=(\S+) tuning=(\S+)$")
 
-def test_debug_1_one_line_per_kernel_built_with_its_cache_answers(tmp_path, capsys):
+def test_debug_1_one_line_per_kernel_built_with_its_cache_answers(tmp_path, capsys, fresh_devices):
   case = CASES["sum_axis1"]
   expect = _protocol(case.ast, Device["CPU"].renderer)
   with config_override(DEBUG=1, CACHE_DIR=str(tmp_path)):
@@ -76,7 +76,7 @@ def test_debug_1_one_line_per_kernel_built_with_its_cache_answers(tmp_path, caps
   assert (m1[6], m1[7], m1[8]) == ("miss", "miss", "-")
   assert (m2[6], m2[7], m2[8]) == ("hit", "memory", "-") and m2[4] == "-" and m2[5] == "-"
 
-def test_debug_1_binary_cache_hit_in_another_device(tmp_path, capsys):
+def test_debug_1_binary_cache_hit_in_another_device(tmp_path, capsys, fresh_devices):
   prg = _protocol(CASES["add"].ast, _pinned()).to_program()
   with config_override(DEBUG=1, CACHE_DIR=str(tmp_path)):
     Device["CPU"].compile(prg)

@@ -103,9 +103,9 @@ def test_main_rules_cite_the_values_that_decided_them(runs):
   assert mv and all(d.facts["operand_strides"][0][d.facts["first_reduce"]] == 1 for d in mv)
   for label, *_, k in runs:
     rules = k.explain().rules
-    if "tc.refused" in rules and k.opts.tensor_cores and k.reduceop is not None and k.reduceop.op is ReduceOps.SUM:
+    if "tc.refused" in rules and k.opts.caps.tensor_cores and k.reduceop is not None and k.reduceop.op is ReduceOps.SUM:
       tried = [d for d in k.explain() if d.rule == "tc.no_match"]
-      assert len(tried) == len(k.opts.tensor_cores), label
+      assert len(tried) == len(k.opts.caps.tensor_cores), label
 
 def test_direct_opts_and_a_copy():
   """Opts applied by hand appear as "direct", in place among the rules' decisions; a copy carries the trace and a

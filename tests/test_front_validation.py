@@ -113,7 +113,7 @@ def test_threads_and_renderer_options():
   with pytest.raises(UnsupportedError, match="vector_width must be a power of two"): NativeCRenderer(vector_width="4")
   with pytest.raises(UnsupportedError, match="min_parallel_work"): NativeCRenderer(min_parallel_work=1.5)
   with pytest.raises(UnsupportedError, match="fused_accumulate"): NativeCRenderer(fused_accumulate=1)
-  assert NativeCRenderer(threads=np.int64(2)).threads == 2
+  assert NativeCRenderer(threads=np.int64(2)).caps.threads == 2
 
 needs_cc = pytest.mark.skipif(not cpu.CPUDevice.availability()[0], reason="no C compiler")
 

@@ -203,7 +203,7 @@ def _sym_kernels(device: Any, ast: LazyOp, name: str) -> list[Kernel]:
   and kernel, so the devices together try several)."""
   if name in SYM_PROTOCOL_ONLY and device.renderer not in (Device["CPU"].renderer, Device.open("PYTHON").renderer):
     return [protocol(Kernel(ast, opts=device.renderer))]
-  seed = sum(map(ord, f"{device.renderer.device}{type(device.renderer).__name__}{name}"))
+  seed = sum(map(ord, f"{device.renderer.caps.device}{type(device.renderer).__name__}{name}"))
   kernels, _, problems = generate(ast, device.renderer, 1, seed=seed, name=name)
   assert not problems, problems
   plans = [Kernel(ast, opts=device.renderer), protocol(Kernel(ast, opts=device.renderer)), *kernels]

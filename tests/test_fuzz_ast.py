@@ -773,6 +773,14 @@ def plans_for(device: str, options: dict, index: int) -> tuple[str, ...]:
   if "vector_width" in options: return ("std",) if index % 2 else ("rand",)
   return (("std", "none", "std", "rand")[index % 4],)
 
+CL_BINARY_EVERY = 8
+
+def knobs_for(device: str, index: int) -> dict:
+  """Config knobs a case's kernels build under. OPENCL stores the built program's binary in the disk cache for one
+  case in CL_BINARY_EVERY: PoCL makes that binary by compiling a work-group function the launch never uses (on average
+  more CPU than the build, seconds for a big kernel), and the fuzz never builds the same source twice to read it."""
+  return {"DISABLE_CACHE": 1} if device == "OPENCL" and index % CL_BINARY_EVERY else {}
+
 def dev_label(name: str, options: dict) -> str:
   return name + "".join(f",{k}={v}" for k, v in sorted(options.items()))
 
@@ -817,6 +825,10 @@ def _random_opts(k: Any, rng: random.Random, n: int) -> None:
       break
 
 def _handle(req: dict) -> dict:
+  from kernopt.helpers import config_override
+  with config_override(**req.get("knobs", {})): return _build_and_run(req)
+
+def _build_and_run(req: dict) -> dict:
   from kernopt.kernel import Kernel, Opt, OptOps
   from kernopt.runtime import Buffer, Device
   from kernopt.shape.symbolic import sym_infer
@@ -995,8 +1007,9 @@ class Stats:
       f"\n  {n:>5} {d} {e}: {m}" for (d, e, m), n in top))
     return "\n".join(lines)
 
-def _request(case: Case, device: str, options: dict, plan: tuple) -> dict:
-  return {"ast": case.ast, "device": device, "options": options, "plan": plan, "var_vals": case.var_vals,
+def _request(case: Case, device: str, options: dict, plan: tuple, knobs: Optional[dict] = None) -> dict:
+  return {"ast": case.ast, "device": device, "options": options, "plan": plan, "knobs": knobs or {},
+          "var_vals": case.var_vals,
           "buffers": {i: (case.sizes[i], case.dtypes[i]) for i in case.sizes},
           "init": {i: sentinel(case, i) for i in case.outputs},
           "inputs": {i: a for i, a in case.inputs.items()}}
@@ -1021,7 +1034,7 @@ def run_case(worker: Worker, case: Case, index: int, stats: Stats, opencl: bool,
     label = dev_label(device, options)
     for name in plans_for(device, options, index) if only is None else ALL_PLANS[:2]:
       plan = (name, index * 7919 + len(label), random.Random(index).randint(1, 4)) if name == "rand" else (name,)
-      res = worker.request(_request(case, device, options, plan))
+      res = worker.request(_request(case, device, options, plan, knobs_for(device, index)))
       bad = check(case, res, refs)
       if res["status"] == "refused":
         stats.refusals[(label, res["exc"], res["msg"].split("\n")[0][:90])] += 1

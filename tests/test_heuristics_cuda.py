@@ -77,7 +77,8 @@ def test_the_chosen_kernels_match_numpy_on_pocl(name):
   dev = Device["OPENCL"]
   opts = opts_of(ast, PROFILE)
   assert opts != opts_of(ast, STATIC)
-  k = Kernel(ast, opts=OpenCLRenderer(local_max=dev.renderer.local_max, max_local_size=dev.renderer.max_local_size))
+  c = dev.renderer.caps
+  k = Kernel(ast, opts=OpenCLRenderer(local_max=c.local_max, max_local_size=c.max_local_size))
   for o in opts: k.apply_opt(Opt(*o))
   prg = k.to_program()
   rng = np.random.default_rng(5)
@@ -102,7 +103,7 @@ def test_catalogue_kernels_the_profile_changes_match_numpy_on_pocl(name):
   if not ok: pytest.skip(f"no OpenCL platform: {why}")
   case, dev = catalogue.get(name), Device["OPENCL"]
   r = dev.renderer
-  k = Kernel(case.ast, opts=OpenCLRenderer(local_max=r.local_max, max_local_size=r.max_local_size))
+  k = Kernel(case.ast, opts=OpenCLRenderer(local_max=r.caps.local_max, max_local_size=r.caps.max_local_size))
   for o in opts_of(case.ast, PROFILE): k.apply_opt(Opt(*o))
   prg = k.to_program()
   inputs = case.inputs(np.random.default_rng(3))

@@ -13,7 +13,7 @@ from kernopt.errors import ShapeError
 from kernopt.kernel import Kernel
 from kernopt.ops import BinaryOps, ReduceOps
 from kernopt.renderers import get_renderer
-from kernopt.renderers.cstyle import VAR_PREFIX
+from kernopt.renderers.emitter import VAR_PREFIX
 from kernopt.renderers.native import NativeCRenderer
 from kernopt.runtime import Device
 from kernopt.shape.symbolic import Variable

@@ -203,8 +203,8 @@ def test_upcastmid_on_an_image_output_reduce():
 # ***** construction and validation *****
 
 def test_default_renderer_comes_from_the_device_knob():
-  assert Kernel(ew_add()).opts.device == "CPU"
-  with config_override(DEVICE="OPENCL"): assert Kernel(ew_add()).opts.device == "OPENCL"
+  assert Kernel(ew_add()).opts.caps.device == "CPU"
+  with config_override(DEVICE="OPENCL"): assert Kernel(ew_add()).opts.caps.device == "OPENCL"
 
 def test_stores_are_wrapped_in_a_kernel():
   s0, s1 = two_outputs().src

@@ -1,13 +1,14 @@
 """The lowerer and linearizer end to end: hand-built optimized ASTs lowered, linearized and run by a small
 sequential reference evaluator (RANGE loops, a grid of SPECIAL threads run in lockstep between BARRIERs),
-compared with numpy."""
+compared with numpy. On pinned native CPU profiles, the lanes the lowerer builds as vector UOps: their count, the
+source they render against the scalar lanes the vectorize pass packs, and compiled kernels against numpy."""
 import itertools, struct
 import numpy as np
 import pytest
 from kernopt.dtype import dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.ops import (BinaryOps, BufferOps, ConstBuffer, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps,
-                         UnaryOps, exec_alu, truncate_float)
+                         TernaryOps, UnaryOps, exec_alu, truncate_float)
 from kernopt.renderers import get_renderer
 from kernopt.shape.shapetracker import ShapeTracker
 from kernopt.shape.symbolic import Variable, sym_infer
@@ -120,7 +121,7 @@ def test_elementwise(opts):
   a_plus_b = LazyOp(BinaryOps.ADD, (ld(2, S(4, 8)), ld(1, S(4, 8))))
   ast = kernel(store(LazyOp(BinaryOps.MUL, (ld(1, S(4, 8)), a_plus_b)), S(4, 8)))
   uops = check(ast, opts, [a, b], a * (b + a))
-  assert (UOps.SPECIAL in {u.op for u in uops}) == opts.has_local
+  assert (UOps.SPECIAL in {u.op for u in uops}) == opts.caps.has_local
 
 @pytest.mark.parametrize("opts", [CPU, CL], ids=["C", "OpenCL"])
 def test_reduce_sum(opts):
@@ -167,7 +168,7 @@ def test_upcast_and_unroll(opts):
   uops = check(_upcast_sum_ast(), opts, [a], a.sum(1, keepdims=True))
   # independent accumulators: one per (output lane, unrolled lane)
   assert sum(u.op is UOps.DEFINE_ACC for u in uops) == 16
-  assert sum(u.op is UOps.RANGE for u in uops) == (1 if opts.has_local else 2)
+  assert sum(u.op is UOps.RANGE for u in uops) == (1 if opts.caps.has_local else 2)
 
 def test_unroll_only_no_loop():
   a = rand(4, 4)
@@ -310,7 +311,7 @@ def _evaluator_sized(opts):
   def ops(case):
     uops, vv = _hand_coded_uops(case, opts), case.var_vals[-1]
     return sym_infer(flops_mem(uops)[0], {u.arg: vv[u.arg.expr] for u in uops if u.op is UOps.DEFINE_VAR})
-  return [pytest.param(c, opts, id=f"{c.name}-{opts.device}") for c in _catalogue_cases() if ops(c) <= 30_000]
+  return [pytest.param(c, opts, id=f"{c.name}-{opts.caps.device}") for c in _catalogue_cases() if ops(c) <= 30_000]
 
 @pytest.mark.parametrize("case,opts", _evaluator_sized(CPU) + _evaluator_sized(CL))
 def test_catalogue_hand_coded(case, opts):
@@ -370,3 +371,124 @@ def test_padto_kept_axis_through_the_kernel_renders():
     inner = src[src.index("ridx1 = 0"):]
     body = inner[:inner.index("}")]   # the reduce loop's body
     assert "data0[" not in body and "data0[" in inner
+
+# ***** vector lanes from the lowerer, on pinned native CPU profiles *****
+
+WIDTHS = (4, 8, 16)   # pinned: the host's own width must not decide what a test checks
+
+def native(w, fused=True):
+  from kernopt.renderers.native import ISA_LEVELS, NativeCRenderer
+  return NativeCRenderer(vector_width=w, threads=1, fused_accumulate=fused, isa=ISA_LEVELS["x86-64-v3"])
+
+def _opted(ast, r, opts):
+  from kernopt.kernel import Kernel
+  k = Kernel(ast, opts=r)
+  for o in opts: k.apply_opt(o)
+  return k
+
+def _floats(uops, count):
+  """(op, arg) of the float32 LOAD, ALU, DEFINE_ACC and STORE UOps of `count` lanes (a STORE by its value)."""
+  out = []
+  for u in uops:
+    dt = u.src[2].dtype if u.op is UOps.STORE else u.dtype
+    if u.op in (UOps.LOAD, UOps.ALU, UOps.DEFINE_ACC, UOps.STORE) and dt is not None and dt.scalar() == dtypes.float \
+       and dt.count == count:
+      out.append((u.op, u.arg if u.op is UOps.ALU else None))
+  return out
+
+@pytest.mark.parametrize("w", WIDTHS)
+def test_unit_stride_upcast_lowers_to_one_vector_op_per_group(w):
+  """An elementwise add upcast by w and by 2w along its unit-stride axis: each group of w lanes is one vector LOAD
+  per input, one ADD and one STORE, and no scalar float op is left; the list grows by the vectors, not the lanes."""
+  from kernopt.kernel import Opt, OptOps
+  catalogue = pytest.importorskip("catalogue")
+  ast, r = catalogue.get("add").ast, native(w)
+  sizes = []
+  for groups in (1, 2):
+    opts = [Opt(OptOps.UPCAST, 0, w)] + ([Opt(OptOps.UPCAST, 0, 2)] if groups == 2 else [])
+    uops = linearize(lower(_opted(ast, r, opts).get_optimized_ast(), r), r)
+    vec = _floats(uops, w)
+    assert sorted(vec, key=str) == sorted([(UOps.LOAD, None)] * 2 * groups + [(UOps.ALU, BinaryOps.ADD)] * groups +
+                                          [(UOps.STORE, None)] * groups, key=str)
+    assert _floats(uops, 1) == []
+    sizes.append(len(uops))
+  assert sizes[1] - sizes[0] <= 6   # the second group's 4 vector ops and its index, not w more lanes of each
+
+@pytest.mark.parametrize("w", WIDTHS)
+def test_matmul_tile_lowers_to_vector_accumulators(w):
+  """matmul_64's 4xN register tile (N = 8 at width 4, the profile's most upcast, else 16): B's row is N/w vector loads,
+  A's 4 elements scalar loads broadcast, and each of the tile's 4N/w vectors one accumulator, one fused multiply-add
+  (MULACC) and one store."""
+  from kernopt.kernel import Opt, OptOps
+  catalogue = pytest.importorskip("catalogue")
+  r, cols = native(w), 8 if w == 4 else 16
+  k = _opted(catalogue.get("matmul_64").ast, r, [Opt(OptOps.UPCAST, 1, cols), Opt(OptOps.UPCAST, 0, 4)])
+  uops = linearize(lower(k.get_optimized_ast(), r), r)
+  vec, n = _floats(uops, w), 4 * cols // w
+  assert vec.count((UOps.LOAD, None)) == cols // w and vec.count((UOps.ALU, TernaryOps.MULACC)) == n
+  assert vec.count((UOps.DEFINE_ACC, None)) == n and vec.count((UOps.STORE, None)) == n
+  assert _floats(uops, 1) == [(UOps.LOAD, None)] * 4
+  assert sum(u.op is UOps.VECTORIZE for u in uops) == 4   # A's broadcasts
+
+def _native_cases():
+  try: import catalogue
+  except ImportError: return []
+  return [c.name for c in catalogue.catalogue("small") if not c.tags & {"image"}]
+
+@pytest.mark.parametrize("w", WIDTHS)
+def test_vector_lowering_renders_what_the_vectorize_pass_packs(w):
+  """For every small catalogue kernel under the heuristics at width w (width 8 without fused accumulation), the
+  source from the lowerer's vectors is byte for byte the one the vectorize pass makes of scalar lanes: the oracle is
+  the scalar lowering, packed."""
+  from kernopt.kernel import Kernel
+  from kernopt.passes import passes_for, run_passes
+  catalogue = pytest.importorskip("catalogue")
+  vectorized = 0
+  r = native(w, fused=w != 8)
+  for name in _native_cases():
+    k = Kernel(catalogue.get(name).ast, opts=r).required_optimizations().hand_coded_optimizations()
+    ast = k.get_optimized_ast()
+    srcs = []
+    for vectors in (True, False):
+      low = linearize(lower(ast, r, vectors=vectors), r)
+      if vectors: vectorized += any(u.dtype is not None and u.dtype.count > 1 for u in low)
+      srcs.append(r.render("k", run_passes(low, passes_for(r))))
+    assert srcs[0] == srcs[1], name
+  assert vectorized >= 5
+
+def test_a_loop_invariant_broadcast_read_twice_keeps_scalar_lanes():
+  """out[m, n] = sum_k a[k, n] * s[m]: the vectorize pass broadcasts s[m] inside the reduce loop, the linearizer would
+  hoist a broadcast built by the lowerer out of it. Read once (8 lanes of n, one vector) the renderer spells it
+  inline, so the lowerer builds vectors; read by two vector ops (16 lanes) it is named where placed, so that kernel
+  keeps scalar lanes. Both render what the vectorize pass packs."""
+  from kernopt.kernel import Opt, OptOps
+  from kernopt.passes import passes_for, run_passes
+  catalogue = pytest.importorskip("catalogue")
+  M, N, K = 16, 64, 32
+  a = catalogue.buf(1, (M, N, K), st=catalogue.view((M, N, K), (0, 1, N)))
+  scale = catalogue.buf(2, (M, N, K), st=catalogue.view((M, N, K), (1, 0, 0)))
+  ast = catalogue.kernel(catalogue.store(catalogue.reduce(ReduceOps.SUM, catalogue.alu(BinaryOps.MUL, a, scale), (2,))))
+  r = native(8)
+  for lanes, vectors in ((8, True), (16, False)):
+    opt = _opted(ast, r, [Opt(OptOps.UPCAST, 1, lanes)]).get_optimized_ast()
+    lists = [linearize(lower(opt, r, vectors=v), r) for v in (True, False)]
+    assert any(u.dtype is not None and u.dtype.count > 1 for u in lists[0]) is vectors
+    assert r.render("k", run_passes(lists[0], passes_for(r))) == r.render("k", run_passes(lists[1], passes_for(r)))
+
+@pytest.mark.parametrize("w", WIDTHS)
+def test_vector_lowered_kernels_match_numpy(w):
+  """Kernels whose lanes the lowerer builds as vectors (a broadcast add, an unrolled reduce, a matmul tile, a padded
+  conv whose guarded lanes the vectorize pass packs into a masked load) compiled at width w and run on the CPU match
+  numpy."""
+  catalogue = pytest.importorskip("catalogue")
+  from kernopt.kernel import Kernel
+  from kernopt.runtime import Device, cpu
+  if not cpu.CPUDevice.availability()[0]: pytest.skip("no C compiler")
+  dev = Device.open("CPU", threads=1, vector_width=w)
+  for name in ("broadcast_add", "max_axis1", "matmul_64", "conv2d"):
+    case = catalogue.get(name, "large")
+    k = Kernel(case.ast, opts=dev.renderer).required_optimizations().hand_coded_optimizations()
+    prg = k.to_program()
+    assert any(u.dtype is not None and u.dtype.count == w for u in k.lowered_uops), name
+    for _, got, want in catalogue.run_program(dev, case, prg, seed=5):
+      for i, ref in want.items(): np.testing.assert_allclose(got[i], ref, rtol=1e-4, atol=1e-4, err_msg=name)

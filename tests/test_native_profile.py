@@ -77,7 +77,7 @@ def test_cpu_march_knob_reaches_compiler_and_renderer():
   with config_override(CPU_MARCH="x86-64-v2"): dev = cpu.CPUDevice(threads=2, min_parallel_work=0)
   assert "-march=x86-64-v2" in dev.flags() and "-march=native" not in dev.flags()
   r = dev.renderer
-  assert (r.vector_width, r.fused_accumulate, r.capabilities()["march"]) == (4, False, "x86-64-v2")
+  assert (r.caps.vector_width, r.caps.fused_accumulate, r.capabilities()["march"]) == (4, False, "x86-64-v2")
   case = get("matmul_64")
   prg = protocol(case.ast, r).to_program()
   assert "float4 " in prg.src
@@ -88,13 +88,13 @@ def test_native_capabilities():
   r = NativeCRenderer(vector_width=16, threads=4)
   caps = r.capabilities()
   assert caps["vector_width"] == 16 and caps["threads"] == 4 and caps["max_upcast"] == 32
-  assert R8.max_upcast == 16 and R8.heuristics == "cpu_native" and not R8.has_local
+  assert R8.caps.max_upcast == 16 and R8.caps.heuristics == "cpu_native" and not R8.caps.has_local
   with pytest.raises(UnsupportedError): NativeCRenderer(vector_width=6)
   with pytest.raises(UnsupportedError): NativeCRenderer(parallel="mpi")
 
 def test_static_profile_is_the_spec():
   r = get_renderer("CPU")
-  assert type(r) is CRenderer and r.max_upcast == 8 and r.caps.heuristics == "spec"
+  assert type(r) is CRenderer and r.caps.max_upcast == 8 and r.caps.heuristics == "spec"
   assert opts_of(protocol(get("matmul_1024", "large").ast, r)) == [("UPCAST", 1, 4), ("UPCAST", 0, 4), ("UNROLL", 0, 4)]
   assert type(Device.open("CPU", profile="static").renderer) is CRenderer
 

@@ -40,7 +40,7 @@ def test_openmp_kernels_do_not_stream():
 def test_streamed_add_equals_numpy(threads):
   dev = Device.open("CPU", threads=threads)
   prg = protocol(add_ast(N), dev.renderer).to_program()
-  assert "ko_stream_float" in prg.src or dev.renderer.vector_width != 8
+  assert "ko_stream_float" in prg.src or dev.renderer.caps.vector_width != 8
   if threads == 1: assert "ko_stream_fence();\n}" in prg.src   # the serial kernel's last statement
   else: assert "ko_stream_fence(); if (__atomic_add_fetch(&ko_done" in prg.src   # before each chunk is reported
   rng = np.random.default_rng(0)

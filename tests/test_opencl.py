@@ -70,14 +70,14 @@ def buf(arr, dt=None):
   return Buffer("OPENCL", arr.size, dt).copyin(arr)
 
 def test_renderer_static_profile_and_device_profile(dev):
-  r = OpenCLRenderer()
-  assert (r.device, r.has_local, r.has_shared, r.supports_float4) == ("OPENCL", True, True, True)
-  assert r.global_max == r.local_max == (0x8FFFFFFF,) * 3 and r.shared_max == 32768 and r.tensor_cores == ()
-  assert r.has_fp16 is False and r.supports_images is True
-  d = dev.cl_device
-  assert dev.renderer.local_max == tuple(d.max_work_item_sizes) and dev.renderer.max_local_size == d.max_work_group_size
-  assert dev.renderer.shared_max == d.local_mem_size
-  assert dev.renderer.has_fp16 == ("cl_khr_fp16" in d.extensions.split())
+  c = OpenCLRenderer().caps
+  assert (c.device, c.has_local, c.has_shared, c.supports_float4) == ("OPENCL", True, True, True)
+  assert c.global_max == c.local_max == (0x8FFFFFFF,) * 3 and c.shared_max == 32768 and c.tensor_cores == ()
+  assert c.has_fp16 is False and c.supports_images is True
+  d, dc = dev.cl_device, dev.renderer.caps
+  assert dc.local_max == tuple(d.max_work_item_sizes) and dc.max_local_size == d.max_work_group_size
+  assert dc.shared_max == d.local_mem_size
+  assert dc.has_fp16 == ("cl_khr_fp16" in d.extensions.split())
   assert "has_fp16" in dev.renderer.capabilities()
 
 def test_select_device():
@@ -170,7 +170,7 @@ def test_float4_load_store_gep_vectorize(dev, profile):
   renderer = dev.renderer if profile == "device" else OpenCLRenderer()
   src = renderer.render("vec4", lin(uops))
   assert "float4" in src and "(float4)(" in src
-  if renderer.clang:
+  if renderer.caps.clang:
     assert "vload4" not in src and "vstore4" not in src and "*((__global const ko_float4u*)(data1+" in src
   else: assert "vload4" in src and "vstore4" in src
   rt = make(dev, "vec4", uops, [BufferArg(0, f32, 64, True), BufferArg(1, f32, 64, False), BufferArg(2, f32, 16, True)],
@@ -181,7 +181,7 @@ def test_float4_load_store_gep_vectorize(dev, profile):
   np.testing.assert_array_equal(ob.numpy(), an * 2 + np.tile(np.arange(4, dtype=np.float32), 16))
   np.testing.assert_array_equal(lb.numpy(), an[2::4])
 
-@pytest.mark.skipif(not Device["OPENCL"].renderer.clang, reason="not PoCL: vloadN/vstoreN are used")
+@pytest.mark.skipif(not Device["OPENCL"].renderer.caps.clang, reason="not PoCL: vloadN/vstoreN are used")
 def test_vector_accesses_to_local_memory_use_the_local_space(dev):
   """Each of 16 work-items copies a float4 into __local, and after a barrier writes its neighbour's float4 out:
   the element-aligned vector casts name the buffer's own address space."""
@@ -426,11 +426,11 @@ def _cpu_profile(dev, width=None):
   """The device's CPU profile, at its own vector width or pinned to `width` (its other capabilities unchanged)."""
   import pyopencl as cl
   if not dev.cl_device.type & cl.device_type.CPU: pytest.skip("the OpenCL device is not a CPU: no CPU profile")
-  if width is None or width == dev.renderer.vector_width: return dev.renderer
+  if width is None or width == dev.renderer.caps.vector_width: return dev.renderer
   r = dev.renderer
-  return OpenCLRenderer(local_max=r.local_max, max_local_size=r.max_local_size, shared_max=r.shared_max,
-                        has_fp16=r.has_fp16, supports_images=r.supports_images, vector_width=width,
-                        stream_stores=r.stream_stores, clang=r.clang)
+  return OpenCLRenderer(local_max=r.caps.local_max, max_local_size=r.caps.max_local_size, shared_max=r.caps.shared_max,
+                        has_fp16=r.caps.has_fp16, supports_images=r.caps.supports_images, vector_width=width,
+                        stream_stores=r.caps.stream_stores, clang=r.caps.clang)
 
 def alu_ast(op, *srcs):
   from tests.catalogue import alu as calu
@@ -460,13 +460,14 @@ def test_cpu_profile_departs_from_the_static_profile(dev):
   import pyopencl as cl
   from kernopt.runtime.opencl import cpu_vector_width
   r, static = dev.renderer, OpenCLRenderer()
-  assert (static.heuristics, static.vector_width, static.supports_float4, static.max_upcast) == ("spec", 1, True, 8)
+  s = static.caps
+  assert (s.heuristics, s.vector_width, s.supports_float4, s.max_upcast) == ("spec", 1, True, 8)
   if not dev.cl_device.type & cl.device_type.CPU:
-    assert r.heuristics == "spec" and r.vector_width == 1
+    assert r.caps.heuristics == "spec" and r.caps.vector_width == 1
     return
   w = cpu_vector_width(dev.cl_device, cl)
-  assert w in (4, 8, 16) and r.vector_width == w and r.heuristics == "opencl_cpu"
-  assert r.supports_float4 is False and r.max_upcast == max(8, 2 * w)
+  assert w in (4, 8, 16) and r.caps.vector_width == w and r.caps.heuristics == "opencl_cpu"
+  assert r.caps.supports_float4 is False and r.caps.max_upcast == max(8, 2 * w)
   assert r.capabilities()["vector_width"] == w and static.capabilities()["heuristics"] == "spec"
   assert r.capabilities() != static.capabilities() and f"vector_width={w}" in repr(r)
   with pytest.raises(UnsupportedError): OpenCLRenderer(vector_width=3)
@@ -483,7 +484,7 @@ def test_static_profile_keeps_the_spec_heuristics():
 def test_cpu_profile_matmul_register_tile(dev):
   from kernopt.opt import OptOps
   r = _cpu_profile(dev)
-  w = r.vector_width
+  w = r.caps.vector_width
   M, N, K = 64, 4 * w, 32
   rng = np.random.default_rng(3)
   a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
@@ -498,7 +499,7 @@ def test_cpu_profile_matmul_register_tile(dev):
 def test_cpu_profile_conv_like_short_reduce_keeps_8_accumulators(dev):
   from kernopt.opt import OptOps
   r = _cpu_profile(dev)
-  w = r.vector_width
+  w = r.caps.vector_width
   M, N, K = 64, 4 * w, 3   # a reduce axis of at most 3 (a conv's window column) is unrolled entirely
   rng = np.random.default_rng(6)
   a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
@@ -517,10 +518,11 @@ def test_cpu_profile_big_elementwise_stores_are_non_temporal_and_fenced(dev):
   from kernopt.kernel import Kernel
   from kernopt.renderers.opencl import STREAM_MIN
   r = _cpu_profile(dev)
-  if not (r.clang and platform.machine().lower() in ("x86_64", "amd64")):
-    assert not r.stream_stores
+  if not (r.caps.clang and platform.machine().lower() in ("x86_64", "amd64")):
+    assert not r.caps.stream_stores
     pytest.skip("non-temporal stores need PoCL on x86-64")
-  assert r.stream_stores and r.capabilities()["stream_stores"] and not OpenCLRenderer().capabilities()["stream_stores"]
+  assert r.caps.stream_stores and r.capabilities()["stream_stores"]
+  assert not OpenCLRenderer().capabilities()["stream_stores"]
   shp = (STREAM_MIN // 1024, 1024)
   rng = np.random.default_rng(7)
   xs = {i: rng.standard_normal(shp, dtype=np.float32) for i in (1, 2)}
@@ -535,7 +537,8 @@ def test_cpu_profile_big_elementwise_stores_are_non_temporal_and_fenced(dev):
   np.testing.assert_array_equal(out.numpy().reshape(shp), xs[1] + xs[2])
   small = kernel(store(alu_ast(BinaryOps.ADD, lbuf(1, (64, 64)), lbuf(2, (64, 64)))))
   plain = OpenCLDevice(stream_stores=False).renderer
-  for rr, a in ((r, small), (OpenCLRenderer(), ast), (OpenCLRenderer(vector_width=r.vector_width), ast), (plain, ast)):
+  same_width = OpenCLRenderer(vector_width=r.caps.vector_width)
+  for rr, a in ((r, small), (OpenCLRenderer(), ast), (same_width, ast), (plain, ast)):
     src = Kernel(a, opts=rr).hand_coded_optimizations().to_program().src
     assert "nontemporal" not in src and "sfence" not in src
 
@@ -549,7 +552,7 @@ def test_streamed_kernels_with_other_opts_are_exact(dev, opts):
   from tests.catalogue import buf as lbuf, kernel, store
   from kernopt.renderers.opencl import STREAM_MIN
   r = _cpu_profile(dev)
-  if not r.stream_stores: pytest.skip("non-temporal stores need PoCL on x86-64")
+  if not r.caps.stream_stores: pytest.skip("non-temporal stores need PoCL on x86-64")
   shp = (STREAM_MIN // 1024, 1024)
   rng = np.random.default_rng(11)
   xs = {i: rng.standard_normal(shp, dtype=np.float32) for i in (1, 2)}
@@ -589,7 +592,7 @@ def test_cpu_profile_elementwise_keeps_lanes_scalar_in_work_groups(dev):
   ast = kernel(store(alu_ast(BinaryOps.MAX, fma, lconst(0.0, shp))))
   got, opts, src = _run_ast(dev, ast, r, xs, 64 * 64)
   ops = [(o.op, o.amt) for o in opts]
-  assert ops[-1][0] is OptOps.LOCAL and (r.vector_width <= 4 or ops[0] == (OptOps.UPCAST, 4))
+  assert ops[-1][0] is OptOps.LOCAL and (r.caps.vector_width <= 4 or ops[0] == (OptOps.UPCAST, 4))
   assert "vload" not in src and "float4" not in src   # lanes stay scalar: PoCL vectorizes across work-items
   assert "#pragma OPENCL FP_CONTRACT OFF" in src       # a*b+c rounded twice, as numpy does
   np.testing.assert_array_equal(got.reshape(shp), np.maximum(xs[1] * xs[2] + xs[3], np.float32(0)))
@@ -598,7 +601,7 @@ def test_cpu_profile_vector_max_is_exact_with_nan(dev):
   from tests.catalogue import buf as lbuf, kernel, store
   from kernopt.opt import OptOps
   r = _cpu_profile(dev)
-  w = r.vector_width
+  w = r.caps.vector_width
   n = 4 * w
   a, b = np.arange(n, dtype=np.float32) - n / 2, np.full(n, 1.5, np.float32)
   a[1], b[2], a[3], b[3] = np.nan, np.nan, -0.0, 0.0
@@ -622,3 +625,38 @@ def test_cpu_profile_falls_back_to_the_spec_for_other_dtypes(dev):
   out = Buffer("OPENCL", 8, i32)
   dev.compile(prg)(*[{0: out, 1: buf(x)}[a.idx] for a in prg.args], wait=True)
   np.testing.assert_array_equal(out.numpy(), x.sum(axis=1))
+
+def _max_tree(depth: int):
+  """max(max(max(a, b0), b1) + 1, ...) depth deep over a (4, 8) float tensor: every MAX takes the one before it."""
+  from kernopt import ast as A
+  a = A.load(1, dtypes.float32, (4, 8))
+  x = a
+  for i in range(depth): x = A.add(A.maximum(x, A.load(2, dtypes.float32, (4, 8))), float(i % 3))
+  return A.kernel(A.store(0, x))
+
+def _max_tree_numpy(depth: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  x = a
+  for i in range(depth): x = np.maximum(x, b) + np.float32(i % 3)
+  return x
+
+def test_a_tree_of_vector_max_renders_linearly_and_matches_numpy():
+  """OpenCL spells a vector MAX as select(b, a, isgreater(a, b)), naming each operand twice: inlined operands are
+  named instead, so a chain of MAXes renders in source linear in its depth (a generated AST of the fuzzer rendered
+  39.9 million characters before), and the numbers stay numpy's."""
+  from kernopt.kernel import Kernel, Opt, OptOps
+  def src(depth: int) -> str:
+    k = Kernel(_max_tree(depth), opts=OpenCLRenderer(vector_width=8))
+    k.apply_opt(Opt(OptOps.UPCAST, 0, 8))
+    return k.to_program().src
+  assert "isgreater" in src(4)
+  assert len(src(24)) < 3 * len(src(12))
+  if "OPENCL" not in Device.available(): return
+  rng = np.random.default_rng(0)
+  a, b = rng.standard_normal((4, 8), np.float32), rng.standard_normal((4, 8), np.float32)
+  k = Kernel(_max_tree(24), opts=Device["OPENCL"].renderer)
+  k.hand_coded_optimizations()
+  out = Buffer("OPENCL", 32, dtypes.float32)
+  bufs = {0: out, 1: Buffer("OPENCL", 32, dtypes.float32).copyin(a), 2: Buffer("OPENCL", 32, dtypes.float32).copyin(b)}
+  prg = k.to_program()
+  Device["OPENCL"].compile(prg)(*[bufs[x.idx] for x in prg.args], wait=True)
+  np.testing.assert_allclose(out.numpy().reshape(4, 8), _max_tree_numpy(24, a, b), rtol=1e-6)

@@ -9,6 +9,7 @@ import pytest
 from catalogue import alu, buf, get, kernel, run_program, store
 from kernopt.dtype import dtypes
 from kernopt.kernel import Kernel, Opt, OptOps
+from kernopt.lowerer import lower
 from kernopt.ops import BinaryOps
 from kernopt.passes import (interchange, panel_packing, parallel, passes_for, reduce_blocking, stream_grid_stores,
                             stream_loop_stores, vectorize)
@@ -18,6 +19,7 @@ from kernopt.renderers.cuda import CUDARenderer
 from kernopt.renderers.native import ISA_LEVELS, NativeCRenderer
 from kernopt.renderers.opencl import OpenCLRenderer
 from kernopt.runtime import Device, cpu
+from kernopt.uopgraph import linearize
 from kernopt.uops import Mark, ReduceBlock, UOps, loop_mark
 
 needs_cc = pytest.mark.skipif(not cpu.CPUDevice.availability()[0], reason="no C compiler")
@@ -35,6 +37,10 @@ def kernel_of(name: str, renderer, opts=None) -> Kernel:
   else:
     for o in opts: k.apply_opt(o)
   return k.linearize()
+
+def scalar_lanes(k: Kernel) -> list:
+  """k's list lowered with every upcast lane a scalar (the lowerer's vectors off): what the vectorize pass packs."""
+  return linearize(lower(k.get_optimized_ast(), k.opts, vectors=False), k.opts)
 
 def ranges(uops) -> list:
   return [u for u in uops if u.op is UOps.RANGE]
@@ -54,7 +60,7 @@ TILE = [Opt(OptOps.UPCAST, 1, 16), Opt(OptOps.UPCAST, 0, 4)]
 
 def test_vectorize_packs_contiguous_lanes_into_one_vector_op():
   k = kernel_of("add", native(), [Opt(OptOps.UPCAST, 0, W)])
-  lowered = k.lowered_uops
+  lowered = scalar_lanes(k)
   assert sum(u.op is UOps.STORE for u in lowered) == W and all(u.src[2].dtype.count == 1 for u in lowered
                                                                    if u.op is UOps.STORE)
   out = vectorize(lowered, W)
@@ -72,7 +78,7 @@ def test_vectorize_keeps_the_lanes_of_other_dtypes_and_width_one():
 @needs_cc
 def test_vectorized_add_equals_numpy():
   k = kernel_of("add", native(), [Opt(OptOps.UPCAST, 0, W)])
-  run_uops("add", k, vectorize(k.lowered_uops, W))
+  run_uops("add", k, vectorize(scalar_lanes(k), W))
 
 # ***** interchange *****
 
@@ -155,7 +161,7 @@ def test_packed_panel_matmul_equals_numpy():
 # ***** stream stores *****
 
 def test_stream_loop_stores_marks_every_store_of_a_big_output():
-  lowered = kernel_of("add", native(), [Opt(OptOps.UPCAST, 0, W)]).lowered_uops
+  lowered = scalar_lanes(kernel_of("add", native(), [Opt(OptOps.UPCAST, 0, W)]))
   packed = vectorize(lowered, W)
   out = stream_loop_stores(packed, W, min_elements=1)
   assert [u.arg for u in out if u.op is UOps.STORE] == [Mark.NONTEMPORAL]
@@ -216,9 +222,10 @@ def test_program_uops_are_what_was_rendered(profile, name):
   if not passes_for(r): assert k.uops == k.lowered_uops
 
 def test_the_renderer_optimizes_nothing():
-  """The lowered list rendered as is stays scalar: packing is the vectorize pass's, not the renderer's."""
+  """A list of scalar lanes rendered as is stays scalar: packing is the lowerer's and the vectorize pass's, not the
+  renderer's."""
   k = kernel_of("add", native(), [Opt(OptOps.UPCAST, 0, W)])
-  assert "float8" not in k.opts.render("k", k.lowered_uops) and "float8" in k.opts.render("k", k.uops)
+  assert "float8" not in k.opts.render("k", scalar_lanes(k)) and "float8" in k.opts.render("k", k.uops)
 
 def test_renders_on_threads_do_not_share_state():
   """The render context is one per render() call: the same renderer spelling two kernels on two threads at once

@@ -143,11 +143,11 @@ def test_renderer_profiles():
   from kernopt.errors import UnsupportedError
   from kernopt.renderers import get_renderer
   for name in ("CUDA", "METAL", "AMD"):
-    r, ref = Device.open("PYTHON", emulate=name).renderer, get_renderer(name)
+    r, ref = Device.open("PYTHON", emulate=name).renderer.caps, get_renderer(name).caps
     assert (r.device, r.tensor_cores, r.local_max, r.shared_max) == (ref.device, ref.tensor_cores, ref.local_max,
                                                                      ref.shared_max)
   r = Device.open("PYTHON").renderer
-  assert (r.device, r.has_local, r.supports_images, r.tensor_cores) == ("PYTHON", True, True, ())
+  assert (r.caps.device, r.caps.has_local, r.caps.supports_images, r.caps.tensor_cores) == ("PYTHON", True, True, ())
   p = Prog()
   p(UOps.STORE, None, (p.buf(0, f32, True), p.special("gidx0", 2), p.const(1.0, f32)))
   assert "STORE" in r.render("k", p.uops) and "gidx0" in r.render("k", p.uops)

@@ -252,6 +252,30 @@ def test_a_restart_takes_the_fastest_unexpanded_candidates_within_the_cutoff(mon
   assert [x.digest for x in s._restart(pool, {"a", "b"}, c["a"], 3)] == ["c", "d"]
   assert s._restart(pool, {"a", "b", "c", "d"}, c["a"], 2) == []
 
+class _Recorder(cf.Executor):
+  """An executor that keeps each task it is given and answers it with no Program."""
+  def __init__(self): self.tasks = []
+  def submit(self, fn, /, *args, **kwargs):
+    self.tasks.append(args[0])
+    fut: cf.Future = cf.Future()
+    fut.set_result((None, "recorded"))
+    return fut
+
+@pytest.mark.parametrize("caches,warms", [(True, False), (False, True), (True, True)])
+def test_workers_prebuild_where_the_device_class_declares_a_binary_cache(monkeypatch, caches, warms):
+  """A search's workers compile a candidate into the device's on-disk cache only where its class declares one
+  (`caches_binaries`), and launch it once after only where the class says a first launch builds more
+  (`warmup_launch`): declared data of the device class, never its name."""
+  monkeypatch.setattr(type(DEV), "caches_binaries", caches)
+  monkeypatch.setattr(type(DEV), "warmup_launch", warms)
+  k, rec = kernel_of("add"), _Recorder()
+  bufs, _ = make_buffers(catalogue.get("add"))
+  s = S._Search(k, bufs, S.SearchConfig(workers=1, executor=rec, validate=False, progress=False), None, DEV)
+  assert s._build_remote([S._Cand("a", k)], force=True)[0][1:] == (None, "recorded")
+  (task,) = rec.tasks
+  assert S.device_spec(DEV) is not None
+  assert task.device == (S.device_spec(DEV) if caches else None) and task.warm is (caches and warms)
+
 def test_stopping_a_busy_private_pool_ends_its_workers():
   """A build still running when a search ends (a PoCL build can't be interrupted from inside its worker) must not
   hold a core after `search` returns: the search's own pool is shut down with its busy workers terminated."""

@@ -87,7 +87,7 @@ def test_rendered_parameters_are_the_used_args_in_order(dialect):
     check_signature(Kernel(ast, opts=r).to_program())
     check_signature(Kernel(ast, opts=r).hand_coded_optimizations().to_program())
   for name in CASES:
-    if name == "image_in" and not r.supports_images: continue
+    if name == "image_in" and not r.caps.supports_images: continue
     check_signature(protocol_program(name, r)[0])
   n = Variable("n", 1, 2**40)
   wide = kernel(store(reduce(ReduceOps.SUM, buf(1, (n,)), (0,))))   # a loop: no grid of 2**40 threads

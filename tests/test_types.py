@@ -4,8 +4,10 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORE = ["kernopt/dtype.py", "kernopt/helpers.py", "kernopt/errors.py", "kernopt/shape", "kernopt/ops.py",
-        "kernopt/uops.py", "kernopt/renderers/__init__.py", "kernopt/renderers/cstyle.py", "kernopt/renderers/cuda.py",
+        "kernopt/uops.py", "kernopt/renderers/__init__.py", "kernopt/renderers/cstyle.py",
+        "kernopt/renderers/emitter.py", "kernopt/renderers/cuda.py",
         "kernopt/renderers/metal.py", "kernopt/renderers/amd.py", "kernopt/uopgraph.py", "kernopt/lowerer.py",
+        "kernopt/lower_index.py", "kernopt/lower_vectors.py", "kernopt/lower_reduce.py", "kernopt/lower_float4.py",
         "kernopt/opt.py", "kernopt/heuristics.py", "kernopt/heuristics_cpu.py", "kernopt/heuristics_opencl.py",
         "kernopt/heuristics_cuda.py", "kernopt/decisions.py", "kernopt/loop_nest.py", "kernopt/shape_opts.py",
         "kernopt/tensor_core_fit.py", "kernopt/optimized_ast.py", "kernopt/heuristics_registry.py", "kernopt/kernel.py",

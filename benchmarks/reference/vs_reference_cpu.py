@@ -201,11 +201,12 @@ def main() -> None:
   yard = Yardsticks()
   blas = [f"{i.get('internal_api')} {i.get('version')} kernel {i.get('architecture')}" for i in threadpool_info()
           if i.get("user_api") == "blas"]
-  print(f"host: {host()}; kernopt CPU vector width {devs['ko1'].renderer.vector_width}; FMA loop {yard.lanes} lanes x "
+  width = devs['ko1'].renderer.caps.vector_width
+  print(f"host: {host()}; kernopt CPU vector width {width}; FMA loop {yard.lanes} lanes x "
         f"{yard.naccs} chains; numpy {np.__version__}, BLAS: {'; '.join(blas) or 'none'}; "
         f"OPENBLAS_CORETYPE={os.environ.get('OPENBLAS_CORETYPE', 'unset')}")
   if "cl" in devs: print(f"OPENCL: {getattr(getattr(devs['cl'], 'cl_device', None), 'name', '?')} vector width "
-                         f"{getattr(devs['cl'].renderer, 'vector_width', '?')}")
+                         f"{devs['cl'].renderer.caps.vector_width}")
 
   progs: dict[str, dict[str, RowProgram]] = {}
   base: dict[str, tuple] = {}

@@ -2,8 +2,9 @@
 vectorizer does not start from loop-carried accumulators, so this pass packs them itself: contiguous LOADs and
 STOREs, the ALU ops between them, their accumulators and PHIs become one vector op of W lanes each, lane l computing
 exactly the scalar op it replaces (same operands, same order). A lane read by an unpacked op is read back with a GEP;
-scalar lanes nothing reads any more are dropped. Works on a linearized UOp list and returns one. Imports dtype, ops
-and uops."""
+scalar lanes nothing reads any more are dropped. A VECTORIZE gathering a packed load's lanes in order (how the lowerer,
+kernopt.lower_vectors, leaves guarded lanes for this pass: the masked load's mask is spelled after the simplifier) is
+that load's vector. Works on a linearized UOp list and returns one. Imports dtype, ops and uops."""
 from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -421,6 +422,9 @@ class _Packer:
       return g
 
     for i, u in enumerate(self.uops):
+      if u.op is _VECTORIZE and (packed := self.group_vector(u)) is not None:
+        new[u] = vec[packed]   # the lanes of a packed load gathered in order (the lowerer's): that load's vector
+        continue
       if u not in rep:
         for s in u.src:
           if s in rep or s in new:
@@ -431,6 +435,12 @@ class _Packer:
         else: out.append(u)
       if (here := at.get(i)) is not None: self.emit_group(here, vec, scalar, out, emitted)
     return out
+
+  def group_vector(self, u: UOp) -> Optional[int]:
+    """The live load group (load, mload or gather) whose lanes VECTORIZE u gathers in lane order, if any."""
+    if (o := self.of.get(u.src[0])) is None or o[1] != 0: return None
+    g = self.groups[o[0]]
+    return o[0] if g.live and g.kind in _KEEP_LANES and g.members == u.src else None
 
   def emit_group(self, gid: int, vec: dict[int, UOp], scalar: Any, out: list[UOp],
                  emitted: dict[UOp, tuple]) -> None:

@@ -3,7 +3,6 @@ dialects. A dialect is a Renderer subclass: its Capabilities record plus `render
 Imports dtype, errors, helpers and shape/."""
 from __future__ import annotations
 import importlib
-import operator
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Callable, Optional
 from kernopt.dtype import DType, dtypes
@@ -100,15 +99,9 @@ class Capabilities:
 KEY_CAPS = ("device", "has_local", "has_shared", "supports_float4", "global_max", "local_max", "shared_max",
             "max_upcast", "max_unroll", "max_local_size", "supports_images", "fused_accumulate")
 
-if TYPE_CHECKING:
-  class _CapabilityReads(Capabilities):
-    """For the type checker: a renderer reads each field of its record as a read-only attribute."""
-else:
-  class _CapabilityReads:
-    """renderer.<field> reads renderer.caps.<field> (read-only; code that kernopt has not moved to `caps` yet)."""
-  for _f in fields(Capabilities): setattr(_CapabilityReads, _f.name, property(operator.attrgetter(f"caps.{_f.name}")))
+_FIELDS = frozenset(f.name for f in fields(Capabilities))
 
-class Renderer(_CapabilityReads):
+class Renderer:
   """A dialect: `caps`, what the target can do (its Capabilities record, the only place a capability is declared), and
   how to spell a UOp list (`render`). A dialect's class declares its static profile's record; a constructor that
   takes the target's facts fills in its own."""
@@ -116,6 +109,12 @@ class Renderer(_CapabilityReads):
   suffix: str = ""
   # the record fields, after KEY_CAPS, that this dialect's capabilities() reports: those its profiles vary
   key_caps: tuple[str, ...] = ()
+
+  def __setattr__(self, name: str, value: Any) -> None:
+    if name in _FIELDS:
+      raise AttributeError(f"{name} is a capability: change the record, {type(self).__name__}.caps = "
+                           f"dataclasses.replace(caps, {name}=...)")
+    object.__setattr__(self, name, value)
 
   def render(self, name: str, uops: list[Any]) -> str:
     raise UnsupportedError(f"the {type(self).__name__} dialect has no source renderer")

@@ -199,7 +199,7 @@ class NativeCRenderer(CRenderer):
     # the empty asm makes the value opaque: GCC can't re-read memory for each use (8 folded loads per 4x2 tile step
     # instead of 2 made the matmul load-port bound)
     self.helper(name, f"static inline {vt} {name}(const void* p) {{ {vt} v; memcpy(&v, p, sizeof(v)); "
-                      f"__asm__(\"\" : \"+{self.pin_loads}\"(v)); return v; }}")
+                      f"__asm__(\"\" : \"+{self.caps.pin_loads}\"(v)); return v; }}")
     return f"{name}({buf}+{idx})"
 
   def _pinnable(self, dt: DType) -> bool:
@@ -210,7 +210,7 @@ class NativeCRenderer(CRenderer):
   # ***** threads and the passes' marks *****
 
   def render_context(self, uops: list[UOp]) -> NativeContext:
-    return native_context(uops, self.parallel)
+    return native_context(uops, self.caps.parallel)
 
   def _context(self) -> NativeContext:
     ctx = self.context
@@ -226,8 +226,8 @@ class NativeCRenderer(CRenderer):
       flat = f"{ctx.names[ctx.loop]}_f"
       return [f"{{ {it} {var} = ({it})({start}) + ({it})({flat} % (int64_t)(({end}) - ({start})));"]
     if u is not ctx.loop: return super().render_range(u, var, start, end)
-    if self.parallel == "openmp":
-      return [f"#pragma omp parallel for schedule({self.schedule}) num_threads({self.threads})",
+    if self.caps.parallel == "openmp":
+      return [f"#pragma omp parallel for schedule({self.caps.schedule}) num_threads({self.caps.threads})",
               f"for ({it} {var} = {start}; {var} < {end}; {var}++) {{"]
     # pthread pool: workers (and the launching thread) claim chunks of iterations until none is left
     n, c, chunk, chunks = f"{var}_n", f"{var}_c", f"{var}_chunk", self.chunks(ctx)
@@ -247,7 +247,7 @@ class NativeCRenderer(CRenderer):
 
   def chunks(self, ctx: NativeContext) -> int:
     """Chunks the parallel loop is cut into, claimed dynamically: finer when it is collapsed with the next loop."""
-    return (CHUNKS_PER_THREAD if ctx.inner is not None else 4) * self.threads
+    return (CHUNKS_PER_THREAD if ctx.inner is not None else 4) * self.caps.threads
 
   def render_local(self, name: str, dt: DType, size: int) -> str:
     return f"{self.render_dtype(dt)} {name}[{size}] __attribute__((aligned(64)));"
@@ -257,7 +257,7 @@ class NativeCRenderer(CRenderer):
     elsewhere): one vector load when every lane is open (a padded conv's interior), else lane by lane."""
     vt, st, n = self.render_dtype(dt), self.render_dtype(dt.scalar()), dt.count
     name = f"ko_mload_{vt}"
-    pin = f' __asm__("" : "+{self.pin_loads}"(v));' if self._pinnable(dt) else ""
+    pin = f' __asm__("" : "+{self.caps.pin_loads}"(v));' if self._pinnable(dt) else ""
     head = f"static inline {vt} {name}(const {st}* b, int32_t i, int32_t m) {{ {vt} v; " \
            f"if (m == {(1 << n) - 1}) {{ memcpy(&v, b + i, sizeof(v));{pin} return v; }}"
     loop = f"for (int l = 0; l < {n}; l++) v[l] = (m >> l) & 1 ? b[i + l] : 0.0f; return v;"
@@ -266,7 +266,7 @@ class NativeCRenderer(CRenderer):
     return f"{name}({buf}, {idx}, {mask})"
 
   def render_nontemporal_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
-    if dt.count != self.vector_width or dt.scalar() != dtypes.float32:
+    if dt.count != self.caps.vector_width or dt.scalar() != dtypes.float32:
       return self.render_store(buf, idx, val, dt, buf_dt)
     vt = self.render_dtype(dt)
     name = f"ko_stream_{vt}"
@@ -277,7 +277,7 @@ class NativeCRenderer(CRenderer):
     # non-temporal stores are fenced before the work is reported done: here at the end of a serial kernel, in the
     # pool by each thread before it reports a chunk (ko_claim)
     ctx = self._context()
-    pool = ctx.loop is not None and self.parallel == "pthread"
+    pool = ctx.loop is not None and self.caps.parallel == "pthread"
     if ctx.stream and not pool: body = body + ["  ko_stream_fence();"]
     if not pool: return super().render_kernel(name, params, body, preamble)
     return _pthread_kernel(self, ctx, name, params, body, preamble)
@@ -428,7 +428,7 @@ def _pthread_kernel(r: NativeCRenderer, ctx: NativeContext, name: str, params: l
   name_part to the shared object's pool (_POOL)."""
   names = [p.split()[-1] for p in params]
   fields = "".join(f" {p.replace(' restrict', '')};" for p in params)
-  pool = _POOL.replace("KO_CHUNKS", str(r.chunks(ctx))).replace("KO_THREADS", str(r.threads)) \
+  pool = _POOL.replace("KO_CHUNKS", str(r.chunks(ctx))).replace("KO_THREADS", str(r.caps.threads)) \
     .replace("KO_FENCE ", "ko_stream_fence(); " if ctx.stream else "")
   head = "\n".join([*r.includes, "#include <pthread.h>", "#include <sched.h>", *preamble, pool])
   part = f"static void {name}_part({', '.join(params + ['ko_ctx_t* ko_ctx'])}) {{\n" + "\n".join(body) + "\n}\n"

@@ -84,7 +84,7 @@ class OpenCLRenderer(CStyleLanguage):
   def __repr__(self) -> str:
     c = self.caps
     extra = f", vector_width={c.vector_width}, heuristics={c.heuristics!r}" if c.vector_width > 1 else ""
-    return f"{type(self).__name__}(device={self.device!r}{extra})"
+    return f"{type(self).__name__}(device={self.caps.device!r}{extra})"
 
   def render_context(self, uops: list[UOp]) -> OpenCLContext:
     # each distinct dtype object once (DType.scalar() and hashing cost ~0.3-0.5 us a call)
@@ -93,7 +93,7 @@ class OpenCLRenderer(CStyleLanguage):
     images = any(isinstance(dt, ImageDType) for dt in dts) and \
       any(u.op is UOps.DEFINE_GLOBAL and isinstance(u.dtype, ImageDType) for u in uops)
     return OpenCLContext(workgroup=workgroup_size(uops), fp64=dtypes.float64 in scalars,
-                         fp16=dtypes.half in scalars and self.has_fp16, images=images,
+                         fp16=dtypes.half in scalars and self.caps.has_fp16, images=images,
                          stream=any(u.op is UOps.STORE and u.arg is Mark.NONTEMPORAL for u in uops),
                          locals={u.arg[0] for u in uops if u.op is UOps.DEFINE_LOCAL})
 
@@ -143,7 +143,7 @@ class OpenCLRenderer(CStyleLanguage):
 
   def render_const(self, val: Any, dt: DType) -> str:
     ret = super().render_const(val, dt)
-    if dt == dtypes.half and self.has_fp16: return f"((half){ret}f)" if ret[-1].isdigit() else f"((half){ret})"
+    if dt == dtypes.half and self.caps.has_fp16: return f"((half){ret}f)" if ret[-1].isdigit() else f"((half){ret})"
     return ret
 
   def render_vectorize(self, dt: DType, elems: list[str]) -> str:
@@ -154,7 +154,8 @@ class OpenCLRenderer(CStyleLanguage):
     return f"__global {'' if writable else 'const '}{self.mem_dtype(dt)}* {name}"
 
   def render_local(self, name: str, dt: DType, size: int) -> str:
-    if dt.scalar() == dtypes.half and not self.has_fp16:   # core OpenCL can't declare half arrays, only point at them
+    # core OpenCL can't declare half arrays, only point at them
+    if dt.scalar() == dtypes.half and not self.caps.has_fp16:
       return f"__local ushort {name}_bits[{size}]; __local half* {name} = (__local half*){name}_bits;"
     return f"__local {self.mem_dtype(dt)} {name}[{size}];"
 
@@ -166,12 +167,13 @@ class OpenCLRenderer(CStyleLanguage):
 
   def to_storage(self, x: str, dt: DType) -> str:
     if dt == dtypes.bfloat16: return f"{self.helper('ko_bf16_bits', _HELPERS['ko_bf16_bits'])}({x})"
-    if dt == dtypes.half and not self.has_fp16: return f"{self.helper('ko_half_bits', _HELPERS['ko_half_bits'])}({x})"
+    if dt == dtypes.half and not self.caps.has_fp16:
+      return f"{self.helper('ko_half_bits', _HELPERS['ko_half_bits'])}({x})"
     return x
 
   def from_storage(self, x: str, dt: DType) -> str:
     if dt == dtypes.bfloat16: return f"{self.helper('ko_bf16_from_bits', _HELPERS['ko_bf16_from_bits'])}({x})"
-    if dt == dtypes.half and not self.has_fp16:
+    if dt == dtypes.half and not self.caps.has_fp16:
       return f"{self.helper('ko_half_from_bits', _HELPERS['ko_half_from_bits'])}({x})"
     return x
 
@@ -205,7 +207,7 @@ class OpenCLRenderer(CStyleLanguage):
   def render_alu(self, op: ALUOp, dt: DType, srcs: list[str]) -> str:
     if dt.count == 1: return super().render_alu(op, dt, srcs)
     if op in _NATIVE_VECTOR_OPS and dt.scalar() in (dtypes.float32, dtypes.float64) or \
-       (op is TernaryOps.MULACC and dt.scalar() == dtypes.half and self.has_fp16):
+       (op is TernaryOps.MULACC and dt.scalar() == dtypes.half and self.caps.has_fp16):
       spell = self.spelling(op)
       assert spell is not None and not isinstance(spell, str)
       return spell(self, dt, *srcs)
@@ -221,7 +223,7 @@ class OpenCLRenderer(CStyleLanguage):
 
   def render_load(self, buf: str, idx: str, dt: DType, buf_dt: DType) -> str:
     s, n = buf_dt.scalar(), dt.count
-    if s == dtypes.half and not self.has_fp16:
+    if s == dtypes.half and not self.caps.has_fp16:
       return f"vload_half({idx}, {buf})" if n == 1 else f"vload_half{n}(0, {buf}+{idx})"
     if s == dtypes.bool:
       if n != 1: raise UnsupportedError(f"{self.dialect_name} has no bool vectors (loading {dt} from {buf})")
@@ -229,19 +231,19 @@ class OpenCLRenderer(CStyleLanguage):
     if s == dtypes.bfloat16 and n > 1:
       return self.render_vectorize(dt, [self.from_storage(f"{buf}[{idx}+{i}]", s) for i in range(n)])
     if n > 1:
-      if self.clang: return f"*(({self._space(buf)} const {self._unaligned(s, n)}*)({buf}+{idx}))"
+      if self.caps.clang: return f"*(({self._space(buf)} const {self._unaligned(s, n)}*)({buf}+{idx}))"
       return f"vload{n}(0, {buf}+{idx})"
     return self.from_storage(f"{buf}[{idx}]", buf_dt)
 
   def render_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
     s, n = buf_dt.scalar(), dt.count
-    if s == dtypes.half and not self.has_fp16:
+    if s == dtypes.half and not self.caps.has_fp16:
       return f"vstore_half_rte({val}, {idx}, {buf});" if n == 1 else f"vstore_half{n}_rte({val}, 0, {buf}+{idx});"
     if s == dtypes.bool: return f"{buf}[{idx}] = (uchar)({val});"
     if s == dtypes.bfloat16 and n > 1:
       return " ".join(f"{buf}[{idx}+{i}] = {self.to_storage(f'({val}).s{i:x}', s)};" for i in range(n))
     if n > 1:
-      if self.clang: return f"*(({self._space(buf)} {self._unaligned(s, n)}*)({buf}+{idx})) = {val};"
+      if self.caps.clang: return f"*(({self._space(buf)} {self._unaligned(s, n)}*)({buf}+{idx})) = {val};"
       return f"vstore{n}({val}, 0, {buf}+{idx});"
     return f"{buf}[{idx}] = {self.to_storage(val, buf_dt)};"
 

@@ -23,6 +23,8 @@ class Compiled:
   name: str = ""
   options: dict[str, Any] = {}   # what Device.open was given, so other processes can open the same device
   interprets_uops = False        # runs Program.uops itself (PYTHON): its Programs can't come from the program cache
+  caches_binaries = False        # compile() stores the binary on disk, where another process's compile() finds it
+  warmup_launch = False          # a binary's first launch builds more into an on-disk cache (PoCL: its work-group code)
 
   def __init__(self) -> None:
     self.renderer: Renderer = self._make_renderer()

@@ -197,6 +197,7 @@ class CPUDevice(Compiled):
   `extra_flags` (check_extra_flags) are appended to the compiler command; `workarounds` (default True) adds the flags
   MISCOMPILES prescribes for this compiler (off only to measure what they cost)."""
   name = "CPU"
+  caches_binaries = True   # the shared object, under so_path
 
   def __init__(self, extra_flags: tuple[str, ...] = (), profile: str = "native", threads: Optional[int] = None,
                parallel: Optional[str] = None, vector_width: Optional[int] = None,

@@ -137,6 +137,8 @@ def is_pocl(d: Any) -> bool:
 class OpenCLDevice(Compiled):
   """Device "OPENCL". `OpenCLDevice(device=1)` or `device="pthread"` picks a device (see select_device)."""
   name = "OPENCL"
+  caches_binaries = True   # the program binary, in kernopt's disk cache
+  warmup_launch = True     # PoCL builds a kernel's work-group code on its first launch, into its own kernel cache
 
   def __init__(self, device: Union[int, str, None] = None, stream_stores: Optional[bool] = None):
     """`stream_stores`: big loop-free kernels store with non-temporal stores, fenced per work-group (+20-25% on
