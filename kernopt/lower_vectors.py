@@ -59,6 +59,10 @@ def plan(lw: Any, ast: LazyOp) -> Optional[VectorPlan]:
   if any(x.op is ReduceOps.WMMA or (x.op in (BufferOps.LOAD, BufferOps.STORE) and
                                     (x.arg.idx < 0 or isinstance(x.arg.dtype, ImageDType))) for x in ast.lazyops):
     return None
+  # padded loads stay scalar lanes where the borders pass versions them (it reads the lanes' gates; vectorize then
+  # packs the plain interior)
+  if c.split_borders and any(x.op is BufferOps.LOAD and any(v.mask is not None for v in x.arg.st.views)
+                             for x in ast.lazyops): return None
   cands = [j for j, s in enumerate(lw.up_sizes) if s % w == 0]
   # the axis the outputs are stored along with unit stride first
   def unit_store(j: int) -> bool:

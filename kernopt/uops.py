@@ -178,16 +178,20 @@ def flops_mem(uops: list[UOp], ignore_indexing: bool = True) -> tuple[Any, Any]:
   """(ALU operations, bytes loaded and stored from global memory) executed by one launch of a linearized
   program: counts inside a RANGE are multiplied by its trip count (a symbolic Node when the bounds are);
   lanes of vector ops count each. With ignore_indexing, ALU ops whose only uses are addresses, validity guards
-  and loop bounds are not counted."""
+  and loop bounds are not counted. An IF(c) block directly followed by an IF(c != True) block is one choice of two
+  versions of the same work (passes/borders.py): the second, which does at least as much, counts instead of both."""
   data = _data_uops(uops) if ignore_indexing else None
   flops: Any = 0
   mem: Any = 0
   mults: Any = 1
   stack: list[Any] = []
+  ifs: list[tuple[Any, Any, Any]] = []               # per open IF: flops and mem when it began, the block it replaces
+  last: Optional[tuple[UOp, Any, Any, int]] = None   # the IF block closed last: (IF, its flops, its mem, ENDIF's index)
+  IF, ENDIF = UOps.IF, UOps.ENDIF
   # enum members as locals: an attribute of an Enum class costs ~0.15 us on Python 3.11
   RANGE, ENDRANGE, SPECIAL, ALU, WMMA = UOps.RANGE, UOps.ENDRANGE, UOps.SPECIAL, UOps.ALU, UOps.WMMA
   LOAD, STORE, DEFINE_GLOBAL, MULACC = UOps.LOAD, UOps.STORE, UOps.DEFINE_GLOBAL, TernaryOps.MULACC
-  for u in uops:
+  for i, u in enumerate(uops):
     op = u.op
     if op is ALU:
       if data is not None and u not in data: continue
@@ -203,6 +207,13 @@ def flops_mem(uops: list[UOp], ignore_indexing: bool = True) -> tuple[Any, Any]:
       mults = mults * _trip_count(u)
     elif op is ENDRANGE:
       mults = stack.pop()
+    elif op is IF:
+      alt = last is not None and last[3] == i - 1 and _negates(u.src[0], last[0].src[0])
+      ifs.append((flops, mem, last if alt else None))
+    elif op is ENDIF:
+      f0, m0, other = ifs.pop()
+      if other is not None: flops, mem = flops - other[1], mem - other[2]
+      last = (u.src[0], flops - f0, mem - m0, i)
     elif op is SPECIAL:
       mults = mults * u.arg[2]
     elif op is WMMA:
@@ -211,6 +222,11 @@ def flops_mem(uops: list[UOp], ignore_indexing: bool = True) -> tuple[Any, Any]:
       threads = max(1, n * m // max(1, u.arg.thread_local_sizes[2]))
       flops += 2 * n * m * k * mults // threads
   return flops, mem
+
+def _negates(c: UOp, other: UOp) -> bool:
+  """c is CMPNE(other, True)."""
+  return c.op is UOps.ALU and c.arg is BinaryOps.CMPNE and c.src[0] is other and c.src[1].op is UOps.CONST and \
+    c.src[1].arg is True
 
 def _trip_count(rng: UOp) -> Any:
   start, end = (_sym(s) for s in rng.src)

@@ -12,10 +12,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "kernopt"
 # validation, tuning_file and search_workers are split out of search.py; ast, the table's "top level" AST builders,
 # sits above runtime so that it stays core (stdlib-only, no numpy); lower_index, lower_vectors, lower_reduce and
 # lower_float4 are split out of the lowerer, above it
-ORDER = ["dtype", "helpers", "debug", "errors", "shape.symbolic", "shape.view", "shape.shapetracker", "lazyop", "alu",
-         "verify", "serialize", "ops", "uops", "renderers", "capture", "patterns", "linearizer", "uopgraph", "passes",
-         "lower_index", "lower_vectors", "lower_reduce", "lower_float4", "lowerer",
-         "opt", "decisions", "loop_nest", "shape_opts", "tensor_core_fit", "optimized_ast",
+ORDER = ["dtype", "helpers", "debug", "errors", "shape.symbolic", "shape.conditions", "shape.view",
+         "shape.shapetracker", "lazyop", "alu", "verify", "serialize", "ops", "uops", "renderers", "capture",
+         "patterns", "linearizer", "uopgraph", "passes", "lower_index", "lower_vectors", "lower_reduce",
+         "lower_float4", "lowerer", "opt", "decisions", "loop_nest", "shape_opts", "tensor_core_fit", "optimized_ast",
          "heuristics_registry", "kernel", "heuristics", "heuristics_cpu", "heuristics_opencl", "heuristics_cuda",
          "refusals", "ast", "replay", "runtime", "search_config", "search_space", "validation", "tuning_file",
          "search_workers", "search", "program_cache", "api", "cli", "__main__"]

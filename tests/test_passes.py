@@ -188,16 +188,17 @@ def test_streamed_add_equals_numpy():
 
 def test_passes_follow_the_capabilities():
   names = lambda r: [p.name for p in passes_for(r)]  # noqa: E731
-  cpu_all = ["interchange", "vectorize", "parallel", "reduce_blocking", "panel_packing", "stream_stores"]
+  cpu_all = ["interchange", "borders", "vectorize", "parallel", "reduce_blocking", "panel_packing", "stream_stores"]
   assert names(native(threads=2)) == cpu_all
   assert names(native(threads=1)) == [n for n in cpu_all if n != "parallel"]   # one thread: no parallel loop
   assert names(native(threads=2, parallel="openmp"))[-1] != "stream_stores"   # OpenMP's workers aren't fenced
-  assert names(native(threads=1, interchange=False, reduce_block=0, panel_elements=0)) == ["vectorize", "stream_stores"]
+  assert names(native(threads=1, interchange=False, split_borders=False, reduce_block=0, panel_elements=0)) == \
+    ["vectorize", "stream_stores"]
   assert names(OpenCLRenderer(vector_width=W, clang=True, stream_stores=True)) == ["stream_stores", "vectorize"]
   assert names(OpenCLRenderer()) == names(CRenderer()) == names(CUDARenderer()) == []
 
-@pytest.mark.parametrize("step", ["interchange", "vectorize", "parallel", "reduce_blocking", "panel_packing",
-                                  "stream_stores"])
+@pytest.mark.parametrize("step", ["interchange", "borders", "vectorize", "parallel", "reduce_blocking",
+                                  "panel_packing", "stream_stores"])
 def test_each_pass_is_pure(step):
   """A pass returns a new list and leaves its input as it was."""
   k = kernel_of("matmul_64", native(threads=2), TILE)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
+from kernopt.passes.borders import borders
 from kernopt.passes.interchange import interchange
 from kernopt.passes.panel_packing import panel_packing
 from kernopt.passes.parallel import parallel
@@ -26,14 +27,16 @@ class Pass:
 
 def passes_for(renderer: Any) -> tuple[Pass, ...]:
   """The passes a renderer's capabilities ask for, in order: loop interchange; on a work-item grid the stream-store
-  choice (it counts scalar stores); lane packing to vector_width; the parallel loop; reduce blocking and panel
-  packing (of interchanged tiles only); on a loop kernel the stream-store choice last (it reads the final stores).
+  choice (it counts scalar stores); the interior copy of a padded window (after interchange, which then never scans
+  the copy's loads); lane packing to vector_width; the parallel loop; reduce blocking and panel packing (of
+  interchanged tiles only); on a loop kernel the stream-store choice last (it reads the final stores).
   The static profiles ask for none: their lists are rendered as the lowerer made them."""
   c = renderer.caps
   ret: list[Pass] = []
   if c.interchange: ret.append(Pass("interchange", interchange))
   if c.stream_stores and c.has_local:
     ret.append(Pass("stream_stores", stream_grid_stores, (("min_elements", c.stream_min),)))
+  if c.split_borders: ret.append(Pass("borders", borders))
   if c.vector_width > 1:
     ret.append(Pass("vectorize", vectorize, (("width", c.vector_width), ("masked", c.masked_loads))))
   if c.parallel != "none": ret.append(Pass("parallel", parallel, (("min_work", c.min_parallel_work),)))
@@ -54,5 +57,5 @@ def run_passes(uops: Sequence[UOp], passes: Sequence[Pass],
     if trace is not None: trace(p.name, len(out), time.perf_counter() - st)
   return out
 
-__all__ = ["Pass", "passes_for", "run_passes", "interchange", "vectorize", "parallel", "reduce_blocking",
+__all__ = ["Pass", "passes_for", "run_passes", "borders", "interchange", "vectorize", "parallel", "reduce_blocking",
            "panel_packing", "stream_grid_stores", "stream_loop_stores"]

@@ -91,6 +91,7 @@ class Capabilities:
   interchange: bool = _cap(False, "a reduce loop may move outside the loops after it (matmul's K outside N)")
   pin_loads: Optional[str] = _cap(None, "inline-asm register class vector loads are pinned to (None: unpinned)")
   masked_loads: bool = _cap(False, "a contiguous gated load becomes one masked vector load, not a gather of lanes")
+  split_borders: bool = _cap(False, "a padded window's tile loop runs a plain-load interior copy (passes/borders.py)")
   reduce_block: int = _cap(0, "reduce steps per block when a matmul-like reduce is split (0: never split)")
   panel_elements: int = _cap(0, "most elements of a packed B panel (0: no packing)")
   emulate: Optional[str] = _cap(None, "the dialect whose tensor-core layouts the PYTHON emulator runs (None: none)")

@@ -7,6 +7,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 from kernopt.errors import ShapeError
+from kernopt.shape.conditions import count_divmod, restrict
 from kernopt.shape.symbolic import MulNode, Node, NumNode, SumNode, Variable, sint
 from kernopt.shape.view import View, cache, merge_views, strides_for_shape, valid_node
 
@@ -117,15 +118,22 @@ class ShapeTracker:
     for view in reversed(self.views[:-1]):
       view = view.minify()
       if view.all_masked(): return NumNode(0), NumNode(0)
-      acc: sint = 1
-      unflat: list[Node] = []
-      for d in reversed(view.shape):
-        unflat.append((idx // acc) % d)
-        acc = acc * d
-      idx, more = view.expr_conds(unflat[::-1])
+      idx, more = self._through(view, idx, conds)
       conds += more
     valid = valid_node(conds)
     return (NumNode(0), NumNode(0)) if valid.max == 0 else (idx, valid)
+
+  def _through(self, view: View, idx: Node, conds: list[tuple[Node, sint, sint]]) -> tuple[Node, list]:
+    """view indexed at flat position idx: its index and mask conditions. Where that leaves a // or %, idx only matters
+    where the conditions so far hold, so it is unflattened again over the ranges they imply (conditions.restrict) and
+    its own Variables are put back: exact on every valid point (and the validity exact everywhere), often affine."""
+    plain = _unflatten(view, idx)
+    if not conds or not (n := count_divmod(plain[0]) + sum(count_divmod(x) for x, _, _ in plain[1])): return plain
+    if (r := restrict(idx, conds, self.vars())) is None: return plain
+    y, back = r
+    i2, c2 = _unflatten(view, y)
+    i2, c2 = i2.substitute(back), [(x.substitute(back), b, e) for x, b, e in c2]
+    return (i2, c2) if count_divmod(i2) + sum(count_divmod(x) for x, _, _ in c2) < n else plain
 
   def expr_node(self, idx: Optional[Node] = None) -> tuple[Node, Node]:
     """expr_idxs for one flat index over the tracker's shape (default: Variable idx in [0, size-1])."""
@@ -225,6 +233,15 @@ class ShapeTracker:
       return tuple(not (_is0(b) and e == sh) for sh, (b, e) in zip(v.shape, v.mask))
     valid_vars = st.expr_idxs()[1].vars()
     return tuple(v in valid_vars for v in _idx_vars(self.shape))
+
+def _unflatten(view: View, idx: Node) -> tuple[Node, list[tuple[Node, sint, sint]]]:
+  """view's index and mask conditions at flat (C-order) position idx."""
+  acc: sint = 1
+  unflat: list[Node] = []
+  for d in reversed(view.shape):
+    unflat.append((idx // acc) % d)
+    acc = acc * d
+  return view.expr_conds(unflat[::-1])
 
 def bounds_union(bounds: Sequence[tuple[sint, sint]]) -> tuple[sint, sint]:
   """One (lo, hi) holding every non-empty range of bounds: an expression where the order is provable, else the

@@ -1,0 +1,288 @@
+"""Interior/border versioning of padded loads (issue 18), the `borders` pass. A padded convolution's input loads are
+gated by comparisons of affine index expressions (the validity `1 <= oy + ky < 57` of a window over a padded input);
+over the interior of the output loops every such comparison holds. `interior` finds, from each loop's range and the
+affine form of each comparison, the box of output-loop values where gates are provably true; `wants_interior`, the
+CPU profile's rule cpu.padded_interior, decides from that plan alone whether to version; `split_borders` versions the
+body of the innermost output loop: `if (inside the box) { the body with those gates folded: plain loads } if (!inside)
+{ the body as it was }`. Both versions load the same values and compute the same ops in the same order, so results
+are bit-identical. Imports dtype, ops, uops and uopgraph."""
+from __future__ import annotations
+from dataclasses import dataclass
+from typing import Optional, Sequence
+from kernopt.dtype import dtypes
+from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
+from kernopt.uopgraph import vmax, vmin
+from kernopt.uops import UOp, UOps
+
+_ALU, _CONST, _LOAD, _STORE, _PHI = UOps.ALU, UOps.CONST, UOps.LOAD, UOps.STORE, UOps.PHI
+_RANGE, _ENDRANGE, _ACC, _IF, _ENDIF = UOps.RANGE, UOps.ENDRANGE, UOps.DEFINE_ACC, UOps.IF, UOps.ENDIF
+_ADD, _MUL, _CMPLT, _AND, _WHERE = BinaryOps.ADD, BinaryOps.MUL, BinaryOps.CMPLT, BinaryOps.AND, TernaryOps.WHERE
+# what a versioned region may hold: the reduce loops, their accumulators, loads, index and value math, stores
+_REGION_OPS = frozenset((_ALU, _CONST, _LOAD, _STORE, _PHI, _RANGE, _ENDRANGE, _ACC, UOps.CAST, UOps.BITCAST))
+_INDEX_DTYPES = (dtypes.int32, dtypes.int64)
+
+Affine = tuple[dict[UOp, int], int]
+
+def affine(u: UOp, memo: dict[UOp, Affine]) -> Affine:
+  """(coefficients, k) with u == Σ c·leaf + k: ADD, NEG and MUL by a constant of index UOps are looked through; any
+  other UOp is a leaf."""
+  if (hit := memo.get(u)) is not None: return hit
+  ret: Affine = ({u: 1}, 0)
+  if u.op is _CONST and type(u.arg) is int: ret = ({}, u.arg)
+  elif u.op is _ALU and u.dtype in _INDEX_DTYPES:
+    if u.arg is _ADD:
+      (a, ka), (b, kb) = affine(u.src[0], memo), affine(u.src[1], memo)
+      d = dict(a)
+      for x, c in b.items(): d[x] = d.get(x, 0) + c
+      ret = ({x: c for x, c in d.items() if c}, ka + kb)
+    elif u.arg is _MUL and any(s.op is _CONST and type(s.arg) is int for s in u.src):
+      m, other = (u.src[0].arg, u.src[1]) if u.src[0].op is _CONST else (u.src[1].arg, u.src[0])
+      a, ka = affine(other, memo)
+      ret = ({x: c * m for x, c in a.items()} if m else {}, ka * m)
+    elif u.arg is UnaryOps.NEG:
+      a, ka = affine(u.src[0], memo)
+      ret = ({x: -c for x, c in a.items()}, -ka)
+  memo[u] = ret
+  return ret
+
+def _span(form: dict[UOp, int], box: dict[UOp, tuple[int, int]]) -> tuple[int, int]:
+  """min and max of Σ c·leaf, each leaf over its box entry or else its own bounds."""
+  lo = hi = 0
+  for x, c in form.items():
+    a, b = box[x] if x in box else (vmin(x), vmax(x))
+    lo, hi = lo + min(c * a, c * b), hi + max(c * a, c * b)
+  return lo, hi
+
+def _gate_atoms(g: UOp) -> list[UOp]:
+  """The conjuncts of a gate (an AND tree)."""
+  if g.op is _ALU and g.arg is _AND and g.dtype == dtypes.bool: return _gate_atoms(g.src[0]) + _gate_atoms(g.src[1])
+  return [g]
+
+def _less_form(atom: UOp, memo: dict[UOp, Affine]) -> Optional[Affine]:
+  """For an index comparison a < b, the form f of a - b (the atom holds iff f <= -1); None for any other atom."""
+  if atom.op is not _ALU or atom.arg is not _CMPLT or atom.src[0].dtype not in _INDEX_DTYPES: return None
+  (a, ka), (b, kb) = affine(atom.src[0], memo), affine(atom.src[1], memo)
+  d = dict(a)
+  for x, c in b.items(): d[x] = d.get(x, 0) - c
+  form = {x: c for x, c in d.items() if c}
+  return None if any(vmin(x) is None for x in form) else (form, ka - kb)
+
+@dataclass(frozen=True)
+class Interior:
+  """A versioning plan: the region [start, end) of the list (the reduce nest and stores inside `loop`, the innermost
+  output loop), the box (RANGE, lo, hi) of output-loop values (lo <= RANGE <= hi) where the `folded` gate atoms all
+  hold, how many of its `gated` loads lose their gate there, the box's share of those loops' iterations, and the
+  region's UOps, stores and accumulators."""
+  loop: UOp
+  start: int
+  end: int
+  box: tuple[tuple[UOp, int, int], ...]
+  folded: frozenset[UOp]
+  gated: int
+  ungated: int
+  fraction: float
+  size: int
+  stores: int
+  accumulators: int
+
+def _structure(uops: list[UOp]) -> tuple[dict[UOp, int], dict[int, tuple[UOp, ...]]]:
+  """ENDRANGE position of each RANGE, and the enclosing RANGE/IF chain (scope) at each position."""
+  ends: dict[UOp, int] = {}
+  scopes: dict[int, tuple[UOp, ...]] = {}
+  scope: tuple[UOp, ...] = ()
+  for i, u in enumerate(uops):
+    if u.op is _ENDRANGE or u.op is _ENDIF: scope = scope[:-1]
+    if u.op is _ENDRANGE: ends[u.src[0]] = i
+    scopes[i] = scope
+    if u.op is _RANGE or u.op is _IF: scope = scope + (u,)
+  return ends, scopes
+
+def _visible(uops: list[UOp], end: int) -> tuple[tuple[UOp, ...], list[UOp]]:
+  """The RANGE/IF chain open at position end, and the UOps before it that are in scope there (their own chain is a
+  prefix of it: no block holding them closed before end)."""
+  scope: list[UOp] = []
+  for u in uops[:end]:
+    if u.op is _ENDRANGE or u.op is _ENDIF: scope.pop()
+    if u.op is _RANGE or u.op is _IF: scope.append(u)
+  here = tuple(scope)
+  vis: list[UOp] = []
+  depth = ok = 0   # the open chain's depth, and how much of it is a prefix of here
+  for u in uops[:end]:
+    if u.op is _ENDRANGE or u.op is _ENDIF: depth, ok = depth - 1, min(ok, depth - 1)
+    if ok == depth: vis.append(u)
+    if u.op is _RANGE or u.op is _IF:
+      if ok == depth and depth < len(here) and here[depth] is u: ok += 1
+      depth += 1
+  return here, vis
+
+def _const_range(r: UOp) -> bool: return all(s.op is _CONST and type(s.arg) is int for s in r.src)
+
+def _seed(u: UOp) -> bool:
+  """What a versioned region is made of: accumulators, reduce loops, gated loads, and whatever reads them."""
+  return u.op is _ACC or (u.op is _RANGE and u.arg[1]) or (u.op is _LOAD and len(u.src) == 4)
+
+def interior(uops: list[UOp]) -> Optional[Interior]:
+  """The versioning plan of a linearized list, or None. The list needs exactly one innermost output loop (a non-reduce
+  RANGE with no other inside it) holding gated loads; its region runs from the first UOp that is or reads an
+  accumulator, a reduce loop or a gated load to the loop's end, and may hold only reduce loops, accumulators, loads,
+  ALU ops and ungated stores. The box narrows each output loop with constant bounds by the gate atoms that depend on
+  it alone among them (a < b over affine index math), as far as each atom then holds for every value of its other
+  leaves; a loop those atoms leave no common value (every tile of it touches a border) is not narrowed."""
+  ends, scopes = _structure(uops)
+  def inner(i: int) -> bool:
+    body = uops[i + 1:ends.get(uops[i], i)]
+    return not any(v.op is _RANGE and not v.arg[1] for v in body) and \
+      any(v.op is _LOAD and len(v.src) == 4 for v in body)
+  tiles = [i for i, u in enumerate(uops) if u.op is _RANGE and not u.arg[1] and inner(i)]
+  if len(tiles) != 1: return None
+  li = tiles[0]
+  loop, le = uops[li], ends[uops[li]]
+  dep: set[UOp] = set()
+  for u in uops[li + 1:le]:
+    if _seed(u) or any(s in dep for s in u.src): dep.add(u)
+  start = next(i for i in range(li + 1, le) if uops[i] in dep)
+  region = uops[start:le]
+  if any(u.op not in _REGION_OPS or (u.op is _STORE and len(u.src) != 3) for u in region): return None
+  outer = [r for r in scopes[li] + (loop,) if r.op is _RANGE and not r.arg[1] and _const_range(r)]
+  memo: dict[UOp, Affine] = {}
+  gated = [u for u in region if u.op is _LOAD and len(u.src) == 4]
+  atoms = {a: f for u in gated for a in _gate_atoms(u.src[2]) if (f := _less_form(a, memo)) is not None}
+  box: dict[UOp, tuple[int, int]] = {}
+  for (form, k) in atoms.values():
+    cands = [x for x in form if x in outer]
+    if len(cands) != 1: continue
+    c, a = cands[0], form[cands[0]]
+    _, rest_hi = _span({x: v for x, v in form.items() if x is not c}, {})
+    bound = -1 - k - rest_hi   # a·c <= bound makes the atom hold whatever the other leaves are
+    lo, hi = box.get(c, (vmin(c), vmax(c)))
+    box[c] = (lo, min(hi, bound // a)) if a > 0 else (max(lo, -(-bound // a)), hi)
+  # a loop whose atoms leave it no common value (every tile touches a border) is not narrowed
+  box = {c: (lo, hi) for c, (lo, hi) in box.items() if lo <= hi and (lo, hi) != (vmin(c), vmax(c))}
+  folded = frozenset(a for a, (form, k) in atoms.items() if _span(form, box)[1] + k <= -1)
+  if not box or not folded: return None
+  ungated = sum(all(a in folded for a in _gate_atoms(u.src[2])) for u in gated)
+  fraction = 1.0
+  for c, (lo, hi) in box.items(): fraction *= (hi - lo + 1) / (vmax(c) - vmin(c) + 1)
+  order = {r: i for i, r in enumerate(outer)}
+  return Interior(loop, start, le, tuple((c, lo, hi) for c, (lo, hi) in sorted(box.items(), key=lambda t: order[t[0]])),
+                  folded, len(gated), ungated, fraction, len(region), sum(u.op is _STORE for u in region),
+                  sum(u.op is _ACC for u in region))
+
+# ***** the rule: cpu.padded_interior, a pure function of the plan (docs/cpu.md, "Padded interiors") *****
+
+# conv2d 1x64x56x56 pad 1 at width 8, 1 thread: masked vector loads 9.1 ms, the same kernel with every mask made
+# "all lanes" (wrong at the borders) 4.6 ms; versioned (its interior is 69% of the output loops) 1.33x the masked one
+# (benchmarks/bench_borders.py). The body is copied once, so its size bounds the codegen cost
+MIN_INTERIOR = 0.25
+MAX_VERSIONED = 4096
+
+def wants_interior(plan: Interior, min_interior: float = MIN_INTERIOR, max_versioned: int = MAX_VERSIONED) -> bool:
+  """cpu.padded_interior: version a window's padded loads (the body accumulates, or reads at least two gated loads
+  per store) when every gated load of the body becomes a plain one in an interior of at least min_interior of the
+  tile loops' iterations, and the body has at most max_versioned UOps. (One lane left gated keeps its vector a masked
+  load: conv 8x16x32x32 pad 1 tiled by two vectors of 8 measured 1.63 -> 1.56 ms that way; an elementwise pad reads
+  one gated load per store and is memory-bound.)"""
+  window = plan.accumulators > 0 or plan.gated >= 2 * plan.stores
+  return window and plan.ungated == plan.gated and plan.fraction >= min_interior and plan.size <= max_versioned
+
+def borders(uops: Sequence[UOp], min_interior: float = MIN_INTERIOR, max_versioned: int = MAX_VERSIONED) -> list[UOp]:
+  """The pass: uops with the padded loads of their tile loop versioned when wants_interior accepts the plan; else
+  the list as it is. A list with no gated load is returned after one scan."""
+  uops = list(uops)
+  if not any(u.op is _LOAD and len(u.src) == 4 for u in uops): return uops
+  if (plan := interior(uops)) is None or not wants_interior(plan, min_interior, max_versioned): return uops
+  return split_borders(uops, plan)
+
+# ***** versioning *****
+
+def _fold(u: UOp) -> UOp:
+  """u with a True gate folded: x AND True, WHERE(True, a, b), a load whose gate is True."""
+  if u.op is _ALU and u.arg is _AND:
+    a, b = u.src
+    if a.op is _CONST and a.arg is True: return b
+    if b.op is _CONST and b.arg is True: return a
+  elif u.op is _ALU and u.arg is _WHERE and u.src[0].op is _CONST and u.src[0].arg is True: return u.src[1]
+  elif u.op is _LOAD and len(u.src) == 4 and u.src[2].op is _CONST and u.src[2].arg is True:
+    return UOp(_LOAD, u.dtype, u.src[:2])
+  return u
+
+def split_borders(uops: list[UOp], plan: Optional[Interior] = None) -> list[UOp]:
+  """Version plan's region (interior(uops) when None; uops unchanged when there is none) as `if (box) { interior copy }
+  if (!box) { the region }`. The interior copy has its own reduce loops and accumulators, the folded atoms replaced by
+  True and folded away, and reads each enclosing loop's index through its own CAST, so every UOp of the copy is its
+  own (distinct from the region's; each renders where it is used, as in the unversioned kernel: gcc 12 gives the
+  copy's loads separate pointers, spilled, when they share the outer index math that both copies use). The region's
+  UOps that read no loop at all move before the IF."""
+  if plan is None and (plan := interior(uops)) is None: return uops
+  region = uops[plan.start:plan.end]
+  here, visible = _visible(uops, plan.start)
+  # the UOps before the region that it reads: only their copies can be needed
+  reads = {s for u in region for s in u.src}
+  stack = list(reads)
+  while stack:
+    for x in stack.pop().src:
+      if x not in reads:
+        reads.add(x)
+        stack.append(x)
+  visible = [u for u in visible if u in reads]
+  b, true = dtypes.bool, UOp.const(dtypes.bool, True)
+  ranges = {u for u in region if u.op is _RANGE}
+  memo: dict[UOp, UOp] = {a: true for a in plan.folded}
+  for r in here:
+    if r.op is _RANGE: memo[r] = UOp(UOps.CAST, r.dtype, (r,))
+  def fast(u: UOp) -> UOp:
+    if (hit := memo.get(u)) is not None: return hit
+    if u.op is _RANGE: ret = UOp(_RANGE, u.dtype, u.src, (("interior", u.arg[0]), u.arg[1])) if u in ranges else u
+    elif not u.src: ret = u
+    else: ret = _fold(UOp(u.op, u.dtype, tuple([fast(s) for s in u.src]), u.arg))   # interned: unchanged is u itself
+    memo[u] = ret
+    return ret
+  for u in ranges: fast(u)
+  # in list order every source is met before its reader (the region's RANGEs, which its accumulators name, are done),
+  # so the recursion of fast only starts for a UOp outside both lists
+  for u in visible + region:
+    if u in memo or u.op is _ENDRANGE: continue
+    if not u.src: memo[u] = u
+    else: memo[u] = _fold(UOp(u.op, u.dtype, tuple([memo[x] if x in memo else fast(x) for x in u.src]), u.arg))
+  if any(u.op is _ACC and fast(u) is u for u in region): return uops   # an accumulator over no loop of the region
+  shared = [u for u in region if u.op is not _ENDRANGE and fast(u) is u]
+  keep = set(shared)
+  body = [u for u in region if u not in keep]
+  cond: Optional[UOp] = None
+  for r, lo, hi in plan.box:
+    idt = r.dtype or dtypes.int32
+    for lhs, rhs in ((UOp.const(idt, lo - 1), r), (r, UOp.const(idt, hi + 1))):
+      c = UOp(_ALU, b, (lhs, rhs), _CMPLT)
+      cond = c if cond is None else UOp(_ALU, b, (cond, c), _AND)
+  assert cond is not None
+  inside = UOp(UOps.IF, None, (cond,))
+  outside = UOp(UOps.IF, None, (UOp(_ALU, b, (cond, true), BinaryOps.CMPNE),))
+  out = uops[:plan.start] + shared
+  emitted = set(visible) | keep
+  def emit(x: UOp) -> None:
+    if x in emitted: return
+    for s in x.src: emit(s)
+    emitted.add(x)
+    out.append(x)
+  emit(outside.src[0])   # both conditions before the first IF: the two blocks then touch (uops.flops_mem counts one)
+  emit(inside)
+  before = set(out)      # a comparison of the box may also be a gate atom of the region: it is computed once, here
+  # what the copy reads from outside the region, rebuilt over the CASTs: at the top of the IF, before any loop opens
+  need = {x for u in body if u.op is not _ENDRANGE and (x := memo[u]) not in emitted}
+  stack = list(need)
+  while stack:
+    for x in stack.pop().src:
+      if x not in need and x not in emitted:
+        need.add(x)
+        stack.append(x)
+  for u in here + tuple(visible):
+    if (x := fast(u)) in need: emit(x)
+  for u in body:
+    if u.op in (_ACC, _RANGE, _ENDRANGE):   # an accumulator precedes its loops: placed as it is, its sources later
+      x = fast(u) if u.op is not _ENDRANGE else UOp(_ENDRANGE, None, (fast(u.src[0]),))
+      emitted.add(x)
+      out.append(x)
+    else: emit(fast(u))
+  out.append(UOp(_ENDIF, None, (inside,)))
+  emit(outside)
+  return out + [u for u in body if u not in before] + [UOp(_ENDIF, None, (outside,))] + uops[plan.end:]

@@ -1,0 +1,220 @@
+"""Padded loads that stay fast (issue 18): the `borders` pass (kernopt/passes/borders.py, run by passes_for when
+caps.split_borders is set, after interchange and before vectorize) versions the tile loop of a padded window kernel
+into an interior copy with plain loads and the original with masked ones, when its rule cpu.padded_interior
+(wants_interior, a function of the plan alone) accepts the plan. The box is checked by brute force (every folded gate
+holds at every point of it, for every value of its other loops, and fails just outside it); the versioned kernels run
+against numpy and bit for bit against the unversioned ones at widths 4, 8 and 16 (pinned renderers, never the host's
+width); the rule's choices, its thresholds and the cost estimate are checked on the lists."""
+import itertools
+import os
+from dataclasses import replace
+import numpy as np
+import pytest
+import ast_oracle
+from catalogue import get
+from test_index_simplify import _apply, tinygrad_conv_input
+import kernopt
+from kernopt.ast import alu, kernel, load, reduce, store
+from kernopt.dtype import dtypes
+from kernopt.kernel import Kernel
+from kernopt.ops import BinaryOps, ReduceOps, exec_alu
+from kernopt.passes import passes_for, run_passes
+from kernopt.passes.borders import _gate_atoms, borders, interior, split_borders, wants_interior
+from kernopt.renderers.native import NativeCRenderer
+from kernopt.runtime import Buffer, Device, cpu
+from kernopt.shape.shapetracker import ShapeTracker
+from kernopt.uops import UOp, UOps, flops_mem
+
+needs_cc = pytest.mark.skipif(not cpu.CPUDevice.availability()[0], reason="no C compiler")
+REF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "asts", "reference")
+WIDTHS = (4, 8, 16)
+
+def conv_ast(n: int, cin: int, h: int, w: int, cout: int, k: int, stride: int, pad: int):
+  """conv2d as tinygrad 0.9.2 schedules it: the input through its pad + window movement ops, the weight broadcast,
+  summed over (cin, ky, kx). Returns the AST and the output's (n, cout, oy, ox)."""
+  shape, ops = tinygrad_conv_input(n, cin, h, w, cout, (k, k), stride, 1, pad)
+  st, arr = _apply(shape, ops)
+  full = arr.shape
+  wst = ShapeTracker.from_shape((cout, cin, k, k)).reshape((1, 1, cout, 1, 1, cin, k, k)).expand(full)
+  prod = alu(BinaryOps.MUL, load(1, dtypes.float, st), load(2, dtypes.float, wst))
+  return kernel(store(0, reduce(ReduceOps.SUM, prod, (5, 6, 7)))), (n, cout, full[3], full[4])
+
+def conv_numpy(x: np.ndarray, wt: np.ndarray, stride: int, pad: int) -> np.ndarray:
+  x = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+  k = wt.shape[-1]
+  oy, ox = (x.shape[2] - k) // stride + 1, (x.shape[3] - k) // stride + 1
+  out = np.zeros((x.shape[0], wt.shape[0], oy, ox))
+  for ky, kx in itertools.product(range(k), range(k)):
+    win = x[:, :, ky:ky + stride * oy:stride, kx:kx + stride * ox:stride]
+    out += np.einsum("nchw,oc->nohw", win, wt[:, :, ky, kx].astype(np.float64))
+  return out
+
+def native(w: int, split: bool = True, threads: int = 1) -> NativeCRenderer:
+  r = NativeCRenderer(vector_width=w, threads=threads)
+  r.caps = replace(r.caps, split_borders=split)
+  return r
+
+def linearized(ast, w: int) -> list:
+  """The list the borders pass receives: the lowered list through the passes before it."""
+  r = native(w)
+  k = Kernel(ast, opts=r).required_optimizations()
+  k.hand_coded_optimizations()
+  ps = passes_for(r)
+  return run_passes(k.linearize().lowered_uops, ps[:[p.name for p in ps].index("borders")])
+
+# ***** the box, by brute force *****
+
+def _value(u, env: dict, memo: dict):
+  """The value of an index or gate UOp with the loops in env."""
+  if u in env: return env[u]
+  if u in memo: return memo[u]
+  if u.op is UOps.CONST: ret = u.arg
+  else:
+    assert u.op is UOps.ALU, u
+    ret = exec_alu(u.arg, u.src[-1].dtype if u.arg is not BinaryOps.CMPLT else u.src[0].dtype,
+                   tuple(_value(s, env, memo) for s in u.src))
+  memo[u] = ret
+  return ret
+
+def _loops(u) -> list:
+  return sorted({x for x in [u, *u.parents] if x.op is UOps.RANGE}, key=lambda r: str(r.arg))
+
+def _span(r, box: dict) -> range:
+  lo, hi = box.get(r, (r.src[0].arg, r.src[1].arg - 1))
+  return range(lo, hi + 1)
+
+CASES = [("conv_small_0", 4), ("conv_small_0", 8), ("conv_small_s1_0", 16), ("dwconv_small_0", 4),
+         ("conv_64x56_0", 16), ("conv_16x32_s2_0", 8)]
+
+@pytest.mark.parametrize("name,w", CASES)
+def test_box_holds_every_folded_gate_and_is_tight(name, w):
+  uops = linearized(kernopt.load(os.path.join(REF, f"{name}.json")), w)
+  plan = interior(uops)
+  assert plan is not None and plan.folded
+  box = {r: (lo, hi) for r, lo, hi in plan.box}
+  for atom in plan.folded:
+    loops = _loops(atom)
+    for vals in itertools.product(*[_span(r, box) for r in loops]):
+      assert _value(atom, dict(zip(loops, vals)), {}), (atom, dict(zip(loops, vals)))
+  # just outside the box some folded gate fails for some value of the other loops: the box is not too small
+  for r, (lo, hi) in box.items():
+    for edge in (lo - 1, hi + 1):
+      if not r.src[0].arg <= edge < r.src[1].arg: continue
+      def fails(atom) -> bool:
+        loops = _loops(atom)
+        if r not in loops: return False
+        spans = [range(edge, edge + 1) if x is r else _span(x, {}) for x in loops]
+        return any(not _value(atom, dict(zip(loops, v)), {}) for v in itertools.product(*spans))
+      assert any(fails(a) for a in plan.folded), (r.arg, edge)
+
+def test_interior_of_the_reference_conv():
+  # 12x12 input, pad 1, 3x3 window: output rows and columns 1..10 read no padding; the heuristics' tile at width 8
+  # keeps both as loops (channels are the vector axis)
+  plan = interior(linearized(kernopt.load(os.path.join(REF, "conv_small_0.json")), 8))
+  assert plan is not None
+  assert sorted((r.src[1].arg, lo, hi) for r, lo, hi in plan.box) == [(12, 1, 10), (12, 1, 10)]
+  assert plan.ungated == plan.gated > 0 and plan.fraction == pytest.approx(100 / 144)
+
+def test_versioned_list_has_a_plain_interior_copy():
+  uops = linearized(kernopt.load(os.path.join(REF, "conv_small_0.json")), 8)
+  new = split_borders(uops)
+  ifs = [i for i, u in enumerate(new) if u.op is UOps.IF]
+  ends = [i for i, u in enumerate(new) if u.op is UOps.ENDIF]
+  assert len(ifs) == len(ends) == 2 and ends[0] == ifs[1] - 1
+  fast, slow = new[ifs[0] + 1:ends[0]], new[ifs[1] + 1:ends[1]]
+  assert not [u for u in fast if u.op is UOps.LOAD and len(u.src) == 4]
+  assert [u for u in slow if u.op is UOps.LOAD and len(u.src) == 4]
+  assert not set(fast) & set(slow)                          # every UOp of the copy is its own
+  assert set(slow) <= set(uops)
+  assert len(new) == len(set(new))                          # and no UOp is placed twice
+  assert new[ifs[1]].src[0].src[0] is new[ifs[0]].src[0]    # the second block runs exactly when the first doesn't
+
+# ***** the rule *****
+
+def test_rule_choices():
+  big = linearized(kernopt.load(os.path.join(REF, "conv_64x56_0.json")), 8)
+  assert wants_interior(interior(big))
+  # two tiles of 16 lanes across a row of 32: each tile touches a border, only the rows are narrowed, and the edge
+  # lanes keep their gates (the vector stays a masked load): not versioned
+  two_tiles = interior(linearized(kernopt.load(os.path.join(REF, "conv_16x32_s1_0.json")), 8))
+  assert two_tiles is not None and two_tiles.ungated < two_tiles.gated and not wants_interior(two_tiles)
+  # an elementwise pad: one gated load per store, memory-bound
+  pad = linearized(get("pad", "large").ast, 8)
+  assert (plan := interior(pad)) is None or not wants_interior(plan)
+  before = list(big)
+  assert borders(pad) == pad and borders(tuple(big)) == split_borders(big) != big and big == before   # pure
+  # the thresholds, on the same plan: its interior share and its size
+  plan = interior(big)
+  assert not wants_interior(plan, min_interior=plan.fraction + 0.01) and wants_interior(plan, plan.fraction)
+  assert not wants_interior(plan, max_versioned=plan.size - 1) and wants_interior(plan, max_versioned=plan.size)
+
+def test_pipeline_places_borders_after_interchange_before_vectorize():
+  names = [p.name for p in passes_for(native(8))]
+  assert names.index("interchange") < names.index("borders") == names.index("vectorize") - 1
+  assert "borders" not in [p.name for p in passes_for(native(8, split=False))]
+
+def test_cost_estimate_counts_one_version():
+  ast = kernopt.load(os.path.join(REF, "conv_64x56_0.json"))
+  progs = []
+  for split in (False, True):
+    k = Kernel(ast, opts=native(8, split)).required_optimizations()
+    k.hand_coded_optimizations()
+    progs.append(k.to_program())
+  assert sum(u.op is UOps.IF for u in progs[1].uops) == 2
+  assert progs[1].op_estimate == progs[0].op_estimate == 2 * 64 * 56 * 56 * 64 * 9
+  assert progs[1].mem_estimate == progs[0].mem_estimate
+  # on the lists themselves (what the parallel pass weighs): the two back-to-back versions count as one
+  plain = linearized(ast, 8)
+  assert flops_mem(split_borders(plain)) == flops_mem(plain) == (2 * 64 * 56 * 56 * 64 * 9, flops_mem(plain)[1])
+
+# ***** numbers *****
+
+def _run(ast, w: int, split: bool, inputs: dict) -> tuple:
+  dev = Device.open("CPU", threads=2, vector_width=w, min_parallel_work=0)
+  dev.renderer.caps = replace(dev.renderer.caps, split_borders=split)
+  k = Kernel(ast, opts=dev.renderer).required_optimizations()
+  k.hand_coded_optimizations()
+  prg = k.to_program()
+  bufs = {a.idx: Buffer(dev, a.min_size, a.dtype) for a in prg.args}
+  for i, b in bufs.items(): b.copyin(inputs[i][:b.size] if i else np.full(b.size, np.nan, np.float32))
+  dev.compile(prg)(*[bufs[a.idx] for a in prg.args], wait=True)
+  return bufs[0].numpy(), sum(u.op is UOps.IF for u in prg.uops)
+
+CONVS = [((1, 3, 12, 12, 8, 3, 1, 1), 4), ((1, 3, 12, 12, 8, 3, 1, 1), 8), ((1, 3, 12, 12, 8, 3, 1, 1), 16),
+         ((1, 4, 16, 16, 8, 3, 2, 1), 8), ((2, 2, 9, 10, 4, 3, 1, 2), 8), ((1, 2, 2, 2, 4, 3, 1, 1), 8)]
+
+@needs_cc
+@pytest.mark.parametrize("conv,w", CONVS, ids=[f"{'x'.join(map(str, c))}-w{w}" for c, w in CONVS])
+def test_versioned_conv_matches_numpy_and_the_unversioned_kernel(conv, w):
+  """Every split (pad 1 and 2, stride 1 and 2, an input too small to have an interior) at pinned widths: the same
+  bits as the kernel with masked loads everywhere, and numpy's convolution."""
+  n, cin, h, wd, cout, k, stride, pad = conv
+  ast, oshape = conv_ast(n, cin, h, wd, cout, k, stride, pad)
+  rng = np.random.default_rng(sum(conv) + w)
+  x, wt = rng.standard_normal((n, cin, h, wd)).astype(np.float32), rng.standard_normal((cout, cin, k, k))
+  inputs = {1: x.reshape(-1), 2: wt.astype(np.float32).reshape(-1)}
+  (plain, ifs0), (versioned, ifs) = _run(ast, w, False, inputs), _run(ast, w, True, inputs)
+  assert ifs0 == 0 and ifs == (0 if h <= 2 else 2)
+  assert versioned.tobytes() == plain.tobytes()
+  want = conv_numpy(x, wt.astype(np.float32), stride, pad)
+  np.testing.assert_allclose(versioned.reshape(oshape), want, rtol=1e-4, atol=1e-4)
+
+@needs_cc
+@pytest.mark.parametrize("w", (4, 16))
+def test_versioned_depthwise_window_matches_the_oracle(w):
+  """The reference's depthwise conv, its window unrolled (no reduce loop: the gated loads alone make the body)."""
+  ast = kernopt.load(os.path.join(REF, "dwconv_small_0.json"))
+  rng = np.random.default_rng(w)
+  inputs = {i: rng.standard_normal(4096).astype(np.float32) for i in (1, 2)}
+  (plain, _), (versioned, ifs) = _run(ast, w, False, inputs), _run(ast, w, True, inputs)
+  assert ifs == 2 and versioned.tobytes() == plain.tobytes()
+  sizes = {b.arg.idx: b.arg.st.real_size() for b in ast.lazyops if b.op.name == "LOAD"}
+  ev = ast_oracle.evaluate(ast, {i: inputs[i][:sizes[i]] for i in (1, 2)}, {0: np.zeros(versioned.size, np.float32)})
+  np.testing.assert_allclose(versioned, ev.buffers[0], rtol=1e-4, atol=1e-4 * max(1.0, ev.scale[0]))
+
+def test_gate_atoms_flatten_ands():
+  i32, b = dtypes.int32, dtypes.bool
+  r = UOp(UOps.RANGE, i32, (UOp.const(i32, 0), UOp.const(i32, 4)), (0, False))
+  c = [UOp(UOps.ALU, b, (r, UOp.const(i32, v)), BinaryOps.CMPLT) for v in (1, 2, 3)]
+  tree = UOp(UOps.ALU, b, (UOp(UOps.ALU, b, (c[0], c[1]), BinaryOps.AND), c[2]), BinaryOps.AND)
+  assert _gate_atoms(tree) == c
