@@ -69,3 +69,10 @@ def test_the_sentence_parser_reads_the_forms_the_docstrings_use() -> None:
   assert declared("Owns nothing.")[1] == ""
   with pytest.raises(AssertionError): declared("Imports everything below it.")
   assert covered("kernopt.shape.view", {"kernopt.shape"}) and not covered("kernopt.shapes", {"kernopt.shape"})
+
+def test_the_design_docs_module_map_lists_every_module() -> None:
+  design = (ROOT.parent / "docs" / "design.md").read_text()
+  table = design[design.index("## Module map"):design.index("## Departures from the spec")]
+  listed = set(re.findall(r"^\| `(kernopt/[^`]+\.py)` \|", table, re.M))
+  files = {str(p.relative_to(ROOT.parent)) for p in MODULES}
+  assert listed == files, f"missing from docs/design.md: {sorted(files - listed)}; gone: {sorted(listed - files)}"
