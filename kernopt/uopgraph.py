@@ -3,6 +3,7 @@ value bounds and the rules they decide) and `linearize`, the rules applied and t
 The rewrite engine is kernopt.patterns, the placement kernopt.linearizer; both are re-exported here.
 Imports dtype, alu, lazyop, uops, patterns and linearizer."""
 from __future__ import annotations
+import math
 from typing import Any, Optional
 from kernopt.alu import exec_alu, truncate_float
 from kernopt.dtype import DType, dtypes
@@ -98,7 +99,10 @@ def fold_cast(x: UOp, c: UOp) -> Optional[UOp]:
   if isinstance(c.arg, float) and (c.arg != c.arg or abs(c.arg) == float("inf")): return None
   return _c(x, int(c.arg) if dt != dtypes.bool else bool(c.arg))
 
-def add_zero(x: UOp, z: UOp) -> Optional[UOp]: return x if _is_const(z, 0) and x.dtype == z.dtype else None
+def add_zero(x: UOp, z: UOp) -> Optional[UOp]:
+  if not _is_const(z, 0) or x.dtype != z.dtype: return None
+  # for floats only -0.0 is the additive identity: -0.0 + 0.0 is +0.0
+  return x if not isinstance(z.arg, float) or math.copysign(1.0, z.arg) < 0 else None
 def mul_one(x: UOp, o: UOp) -> Optional[UOp]: return x if _is_const(o, 1) and x.dtype == o.dtype else None
 def mul_zero(x: UOp, z: UOp) -> Optional[UOp]: return z if _is_const(z, 0) and x.dtype == z.dtype else None
 def div_one(x: UOp, o: UOp) -> Optional[UOp]: return x if _is_const(o, 1) else None
@@ -183,7 +187,7 @@ RULES: list[Rule] = [
   *[(UPat(UOps.ALU, src=(UPat(UOps.CONST),) * n, name="x"), fold_alu) for n in (1, 2, 3)],
   # a CAST of a constant is the converted constant
   (UPat(UOps.CAST, src=(UPat(UOps.CONST, name="c"),), name="x"), fold_cast),
-  # x + 0 -> x
+  # x + 0 -> x (ints and bools; x + -0.0 -> x for floats)
   (_alu(BinaryOps.ADD, UPat(name="x"), UPat(UOps.CONST, name="z"), comm=True), add_zero),
   # x * 1 -> x
   (_alu(BinaryOps.MUL, UPat(name="x"), UPat(UOps.CONST, name="o"), comm=True), mul_one),

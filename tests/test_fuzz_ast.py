@@ -277,7 +277,8 @@ class Gen:
     self.tags["load"] += 1
     return V(LazyOp(BufferOps.LOAD, (), MemBuffer(idx, dt, st)), dt, lo, hi, exact, gran)
 
-  def const(self, dt: DType, phase: str, val: Any = None) -> V:
+  def const(self, dt: DType, phase: str, val: Any = None, masked: bool = True) -> V:
+    """A CONST of dt (val, else a random one); `masked`: it may carry a mask (0 outside a random box)."""
     r, T = self.r, self.shape(phase)
     if val is None and self.vars and dt != BOOL and r.random() < 0.3: return self._symbolic_const(dt, T)
     if val is None:
@@ -292,7 +293,8 @@ class Gen:
     if ia and r.random() < 0.12:
       mask = tuple((0, s) if not isinstance(s, int) else (lambda b: (b, r.randint(b, s)))(r.randint(0, s))
                    for s in T)
-      self.tags["masked const"] += 1
+      if masked: self.tags["masked const"] += 1
+      else: mask = None   # drawn all the same: the cases after it stay what they were
     st = ShapeTracker((View.create(T, (0,) * len(T), 0, mask),))
     v = val if dt in FLOATS else (bool(val) if dt == BOOL else int(val))
     lo = hi = float(v) if dt in FLOATS else int(v)
@@ -393,7 +395,7 @@ class Gen:
       node = LazyOp(op, (y.op, z.op)) if r.random() < 0.5 else LazyOp(op, (z.op, y.op))
       return self._arith(BinaryOps.ADD, dt, [x, V(node, dt, 0, 0)])
     c = r.random() < 0.5
-    cond = self.const(BOOL, phase, c)
+    cond = self.const(BOOL, phase, c, masked=False)   # a masked condition would be False outside its box
     srcs = (cond.op, x.op, y.op) if c else (cond.op, y.op, x.op)
     return V(LazyOp(TernaryOps.WHERE, srcs), dt, x.lo, x.hi, x.exact, x.gran, x.wild)
 

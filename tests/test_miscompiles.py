@@ -3,6 +3,7 @@ run under every C compiler on PATH (one parameter per compiler found: the ids sa
 missing is not a parameter, so it never counts as a pass), on the native and the static profile, against numpy."""
 import os
 import shutil
+from dataclasses import replace
 import numpy as np
 import pytest
 from kernopt import ast as A, dtypes
@@ -91,3 +92,38 @@ def test_workaround_flags_follow_the_table():
   if "gcc" in COMPILERS and cpu.workaround_flags(cpu.compiler_identity(os.path.realpath(shutil.which("gcc")))):
     a, b = device("gcc", "static"), device("gcc", "static", workarounds=False)
     assert a.cache_key("int x;") != b.cache_key("int x;")
+
+# ***** gcc 12: -fmaf(a, b, c) folded into fnmsub, which loses the sign of an exact zero *****
+
+NEG_FMA = A.kernel(A.store(0, A.neg(A.mulacc(A.load(1, dtypes.float, (6,)), A.load(2, dtypes.float, (6,)),
+                                             A.load(3, dtypes.float, (6,))))))
+# a*b + c is an exact zero in lanes 0-3 (-(a*b + c) is -0.0 there) and -0.0 + -0.0 in lane 5 (+0.0); lane 4 is -7
+FMA_A = np.array([-1.0, 1.0, 2.0, -1.0, 3.0, 0.5], np.float32)
+FMA_B = np.array([0.0, 0.0, 3.0, -0.0, 2.0, -0.0], np.float32)
+FMA_C = np.array([0.0, 0.0, -6.0, -0.0, 1.0, -0.0], np.float32)
+
+def neg_fma_bits(dev: cpu.CPUDevice, caps: dict) -> np.ndarray:
+  if caps: dev.renderer.caps = replace(dev.renderer.caps, **caps)
+  ins = [(x, dtypes.float) for x in (FMA_A, FMA_B, FMA_C)]
+  return run(dev, NEG_FMA, [], ins, 6, dtypes.float).view(np.int32)
+
+def expected_neg_fma_bits() -> np.ndarray:
+  exact = FMA_A.astype(np.float64) * FMA_B + FMA_C   # exact in float64 for these operands
+  return (-(exact.astype(np.float32))).view(np.int32)
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_negated_fma_keeps_the_sign_of_zero(compiler, profile):
+  """NEG(MULACC(a, b, c)) where a*b + c is an exact zero is -0.0 (found by the AST fuzzer as a BITCAST to int32).
+  gcc 12.2 folds `-fmaf(a, b, c)` into vfnmsub, -(a*b) - c, which gives +0.0; the C profiles spell the NEG as a flip
+  of the sign bit (passes/sign_bit_negate.py), compared bit for bit here."""
+  np.testing.assert_array_equal(neg_fma_bits(device(compiler, profile), {}), expected_neg_fma_bits())
+
+def test_sign_bit_negate_is_still_needed():
+  """With the pass off, this host's gcc 12 gets the sign wrong: the pass is justified (a gcc that gets it right
+  here fails this test, asking to narrow the pass to the compilers that need it)."""
+  if "gcc" not in COMPILERS: pytest.skip("no gcc on PATH")
+  name, version = cpu.compiler_identity(os.path.realpath(shutil.which("gcc")))
+  if version[0] != 12: pytest.skip(f"seen on gcc 12 only, not checked on gcc {version}")
+  got = neg_fma_bits(device("gcc", "static"), {"sign_bit_negate": False})
+  assert (got != expected_neg_fma_bits()).any()

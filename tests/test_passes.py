@@ -10,15 +10,15 @@ from catalogue import alu, buf, get, kernel, run_program, store
 from kernopt.dtype import dtypes
 from kernopt.kernel import Kernel, Opt, OptOps
 from kernopt.lowerer import lower
-from kernopt.ops import BinaryOps
-from kernopt.passes import (interchange, panel_packing, parallel, passes_for, reduce_blocking, stream_grid_stores,
-                            stream_loop_stores, vectorize)
+from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
+from kernopt.passes import (interchange, panel_packing, parallel, passes_for, reduce_blocking, sign_bit_negate,
+                            stream_grid_stores, stream_loop_stores, vectorize)
 from kernopt.passes.interchange import interchanged
 from kernopt.renderers.cstyle import CRenderer
 from kernopt.renderers.cuda import CUDARenderer
 from kernopt.renderers.native import ISA_LEVELS, NativeCRenderer
 from kernopt.renderers.opencl import OpenCLRenderer
-from kernopt.runtime import Device, cpu
+from kernopt.runtime import Buffer, Device, cpu
 from kernopt.uopgraph import linearize
 from kernopt.uops import Mark, ReduceBlock, UOps, loop_mark
 
@@ -184,21 +184,53 @@ def test_streamed_add_equals_numpy():
   assert "ko_stream_float8" in k.opts.render("k", uops) and "ko_stream_fence();" in k.opts.render("k", uops)
   run_uops("add", k, uops)
 
+# ***** sign-bit NEG of a MULACC *****
+
+NEG_FMA = kernel(store(alu(UnaryOps.NEG, alu(TernaryOps.MULACC, buf(1, (8,)), buf(2, (8,)), buf(3, (8,))))))
+
+def test_sign_bit_negate_replaces_only_the_neg_of_a_mulacc():
+  k = Kernel(NEG_FMA, opts=CRenderer()).linearize()
+  out = sign_bit_negate(k.lowered_uops)
+  alus = [u.arg for u in out if u.op is UOps.ALU]
+  assert UnaryOps.NEG not in alus and BinaryOps.XOR in alus and TernaryOps.MULACC in alus
+  assert [u.dtype for u in out if u.op is UOps.BITCAST] == [dtypes.int32, dtypes.float32]
+  plain = Kernel(get("add").ast, opts=CRenderer()).linearize()
+  assert sign_bit_negate(plain.lowered_uops) == plain.lowered_uops
+
+@needs_cc
+def test_sign_bit_negate_equals_numpy_on_specials():
+  """Every special operand (signed zeros, infinities, NaN) through the rewritten kernel, against numpy bit for bit
+  (NaN: any NaN)."""
+  vals = np.array([0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 3.5], np.float32)
+  a, b, c = (x.reshape(-1) for x in np.meshgrid(vals, vals, vals, indexing="ij"))
+  ast = kernel(store(alu(UnaryOps.NEG, alu(TernaryOps.MULACC, buf(1, (512,)), buf(2, (512,)), buf(3, (512,))))))
+  dev = Device["CPU"]
+  k = Kernel(ast, opts=CRenderer())
+  out = Buffer(dev, 512, dtypes.float)
+  dev.compile(k.to_program())(out, *(Buffer(dev, 512, dtypes.float).copyin(x) for x in (a, b, c)), wait=True)
+  with np.errstate(invalid="ignore"): want = (-(a.astype(np.float64) * b + c)).astype(np.float32)
+  got = out.numpy()
+  nan = np.isnan(want)
+  assert (np.isnan(got) == nan).all()
+  np.testing.assert_array_equal(got[~nan].view(np.int32), want[~nan].view(np.int32))
+
 # ***** the pipeline *****
 
 def test_passes_follow_the_capabilities():
   names = lambda r: [p.name for p in passes_for(r)]  # noqa: E731
-  cpu_all = ["interchange", "borders", "vectorize", "parallel", "reduce_blocking", "panel_packing", "stream_stores"]
+  cpu_all = ["interchange", "borders", "vectorize", "parallel", "reduce_blocking", "panel_packing", "stream_stores",
+             "sign_bit_negate"]
   assert names(native(threads=2)) == cpu_all
   assert names(native(threads=1)) == [n for n in cpu_all if n != "parallel"]   # one thread: no parallel loop
-  assert names(native(threads=2, parallel="openmp"))[-1] != "stream_stores"   # OpenMP's workers aren't fenced
+  assert "stream_stores" not in names(native(threads=2, parallel="openmp"))   # OpenMP's workers aren't fenced
   assert names(native(threads=1, interchange=False, split_borders=False, reduce_block=0, panel_elements=0)) == \
-    ["vectorize", "stream_stores"]
+    ["vectorize", "stream_stores", "sign_bit_negate"]
   assert names(OpenCLRenderer(vector_width=W, clang=True, stream_stores=True)) == ["stream_stores", "vectorize"]
-  assert names(OpenCLRenderer()) == names(CRenderer()) == names(CUDARenderer()) == []
+  assert names(CRenderer()) == ["sign_bit_negate"]   # the static C profile: gcc 12's fnmsub fold only
+  assert names(OpenCLRenderer()) == names(CUDARenderer()) == []
 
 @pytest.mark.parametrize("step", ["interchange", "borders", "vectorize", "parallel", "reduce_blocking",
-                                  "panel_packing", "stream_stores"])
+                                  "panel_packing", "stream_stores", "sign_bit_negate"])
 def test_each_pass_is_pure(step):
   """A pass returns a new list and leaves its input as it was."""
   k = kernel_of("matmul_64", native(threads=2), TILE)

@@ -31,7 +31,8 @@ def test_fold_cast():
   assert rw(UOp(UOps.CAST, I, (c(-2.7, F),))) is c(-2)
 
 def test_add_zero():
-  assert rw(alu(BinaryOps.ADD, X, c(0.0, F))) is X
+  assert rw(alu(BinaryOps.ADD, X, c(-0.0, F))) is X
+  assert rw(alu(BinaryOps.ADD, X, c(0.0, F))).op is UOps.ALU    # -0.0 + 0.0 is +0.0, not x
   assert rw(alu(BinaryOps.ADD, c(0), gidx())) is gidx()
 
 def test_mul_one():

@@ -11,6 +11,7 @@ from kernopt.passes.interchange import interchange
 from kernopt.passes.panel_packing import panel_packing
 from kernopt.passes.parallel import parallel
 from kernopt.passes.reduce_blocking import reduce_blocking
+from kernopt.passes.sign_bit_negate import sign_bit_negate
 from kernopt.passes.stream_stores import stream_grid_stores, stream_loop_stores
 from kernopt.passes.vectorize import vectorize
 from kernopt.uops import UOp
@@ -29,8 +30,9 @@ def passes_for(renderer: Any) -> tuple[Pass, ...]:
   """The passes a renderer's capabilities ask for, in order: loop interchange; on a work-item grid the stream-store
   choice (it counts scalar stores); the interior copy of a padded window (after interchange, which then never scans
   the copy's loads); lane packing to vector_width; the parallel loop; reduce blocking and panel packing (of
-  interchanged tiles only); on a loop kernel the stream-store choice last (it reads the final stores).
-  The static profiles ask for none: their lists are rendered as the lowerer made them."""
+  interchanged tiles only); on a loop kernel the stream-store choice last (it reads the final stores); and where the
+  dialect's compiler folds negation into an FMA, the sign-bit NEG of a MULACC. The static C profile asks only for
+  that one: its lists are otherwise rendered as the lowerer made them."""
   c = renderer.caps
   ret: list[Pass] = []
   if c.interchange: ret.append(Pass("interchange", interchange))
@@ -45,6 +47,7 @@ def passes_for(renderer: Any) -> tuple[Pass, ...]:
   # OpenMP's workers would need a fence of their own after the loop: not streamed
   if c.stream_stores and not c.has_local and c.parallel != "openmp":
     ret.append(Pass("stream_stores", stream_loop_stores, (("width", c.vector_width), ("min_elements", c.stream_min))))
+  if c.sign_bit_negate: ret.append(Pass("sign_bit_negate", sign_bit_negate))
   return tuple(ret)
 
 def run_passes(uops: Sequence[UOp], passes: Sequence[Pass],
@@ -58,4 +61,4 @@ def run_passes(uops: Sequence[UOp], passes: Sequence[Pass],
   return out
 
 __all__ = ["Pass", "passes_for", "run_passes", "borders", "interchange", "vectorize", "parallel", "reduce_blocking",
-           "panel_packing", "stream_grid_stores", "stream_loop_stores"]
+           "panel_packing", "stream_grid_stores", "stream_loop_stores", "sign_bit_negate"]

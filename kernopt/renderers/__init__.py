@@ -94,6 +94,7 @@ class Capabilities:
   split_borders: bool = _cap(False, "a padded window's tile loop runs a plain-load interior copy (passes/borders.py)")
   reduce_block: int = _cap(0, "reduce steps per block when a matmul-like reduce is split (0: never split)")
   panel_elements: int = _cap(0, "most elements of a packed B panel (0: no packing)")
+  sign_bit_negate: bool = _cap(False, "NEG of a float32 MULACC flips the sign bit (passes/sign_bit_negate.py: gcc 12)")
   emulate: Optional[str] = _cap(None, "the dialect whose tensor-core layouts the PYTHON emulator runs (None: none)")
 
 # the fields every dialect's capabilities() reports (a dialect adds its own `key_caps`)

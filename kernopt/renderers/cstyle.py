@@ -392,7 +392,7 @@ class CRenderer(CStyleLanguage):
   behaviour. Vector types use GCC vector extensions and unaligned memcpy access."""
   # has_shared is declared, but without local threads nothing uses it
   caps = Capabilities(device="CPU", has_local=False, has_shared=True, supports_float4=False, global_max=None,
-                      local_max=(0x8FFFFFFF,) * 3, shared_max=32768)
+                      local_max=(0x8FFFFFFF,) * 3, shared_max=32768, sign_bit_negate=True)
   arg_int_prefix = "int"
   buffer_suffix = " restrict"
   includes = ("#include <math.h>", "#include <stdbool.h>", "#include <stdint.h>", "#include <string.h>")
