@@ -218,3 +218,19 @@ def test_gate_atoms_flatten_ands():
   c = [UOp(UOps.ALU, b, (r, UOp.const(i32, v)), BinaryOps.CMPLT) for v in (1, 2, 3)]
   tree = UOp(UOps.ALU, b, (UOp(UOps.ALU, b, (c[0], c[1]), BinaryOps.AND), c[2]), BinaryOps.AND)
   assert _gate_atoms(tree) == c
+
+def test_interior_copies_keep_each_reduces_own_loops():
+  """Two reduces over one axis (nested differently) each have their own RANGE of it; the interior copy keeps them
+  apart. The fuzzer found them merged into one RANGE opened twice, whose second loop read the first one's index
+  (tests/regressions/kernopt-error-cpu-4137011a456f.json: "alu2 undeclared")."""
+  from kernopt.ast import const, where
+  bools = load(2, dtypes.bool, ShapeTracker.from_shape((3, 5)).reshape((1, 3, 5)).expand((32, 3, 5)))
+  pad = load(1, dtypes.float64, ShapeTracker.from_shape((1,)).reshape((1, 1, 1)).pad(((0, 0), (2, 0), (0, 0))))
+  vals = load(3, dtypes.float64, (1, 3, 5))
+  shifted = alu(BinaryOps.ADD, reduce(ReduceOps.MAX, vals, (2,)), pad)
+  ast = kernel(store(0, where(reduce(ReduceOps.MAX, bools, (0, 2)), shifted, const(1.75, dtypes.float64, (1, 3, 1)))))
+  r = NativeCRenderer(vector_width=8, threads=1)
+  k = Kernel(ast, opts=r).linearize()
+  rngs = [u for u in k.uops if u.op is UOps.RANGE]
+  assert any(isinstance(u.arg[0], tuple) for u in rngs), "the borders pass did not version this kernel"
+  assert len(set(rngs)) == len(rngs) == sum(u.op is UOps.ENDRANGE for u in k.uops)

@@ -1098,7 +1098,8 @@ def _with_ast(case: Case, ast: LazyOp, extra_inputs: Optional[dict] = None) -> C
   inputs = {i: a for i, a in {**case.inputs, **(extra_inputs or {})}.items() if i in used}
   sizes = {i: s for i, s in case.sizes.items() if i in used}
   dts = {i: d for i, d in case.dtypes.items() if i in used}
-  for i, a in (extra_inputs or {}).items(): sizes[i], dts[i] = a.size, case.dtypes.get(i, dts.get(i))
+  ast_dts = {x.arg.idx: x.arg.dtype for x in ast.lazyops if x.op in (BufferOps.LOAD, BufferOps.STORE)}
+  for i, a in (extra_inputs or {}).items(): sizes[i], dts[i] = a.size, ast_dts[i]   # a new buffer: its LOAD's dtype
   outs = [s.arg.idx for s in ast.src]
   return Case(ast, sizes, dts, outs, inputs, case.var_vals, {i: case.tols[i] for i in outs},
               {i for i in case.wild if i in outs}, case.tags, case.seed)

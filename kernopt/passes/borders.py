@@ -232,7 +232,8 @@ def split_borders(uops: list[UOp], plan: Optional[Interior] = None) -> list[UOp]
     if r.op is _RANGE: memo[r] = UOp(UOps.CAST, r.dtype, (r,))
   def fast(u: UOp) -> UOp:
     if (hit := memo.get(u)) is not None: return hit
-    if u.op is _RANGE: ret = UOp(_RANGE, u.dtype, u.src, (("interior", u.arg[0]), u.arg[1])) if u in ranges else u
+    # the tag keeps every field of the arg: two reduces' own RANGEs of one axis differ only after the first two
+    if u.op is _RANGE: ret = UOp(_RANGE, u.dtype, u.src, (("interior", u.arg[0]), *u.arg[1:])) if u in ranges else u
     elif not u.src: ret = u
     else: ret = _fold(UOp(u.op, u.dtype, tuple([fast(s) for s in u.src]), u.arg))   # interned: unchanged is u itself
     memo[u] = ret
