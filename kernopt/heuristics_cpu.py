@@ -7,7 +7,7 @@ hand_coded_cpu as the "cpu_native" profile. Every step records a Decision (heuri
 of RULES."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, TypeGuard
-from kernopt.heuristics import buffer_strides, decide, input_bufs, strides, try_apply, vector_axis
+from kernopt.heuristics import buffer_strides, decide, input_bufs, output_bufs, strides, try_apply, vector_axis
 from kernopt.heuristics_registry import register_heuristics
 from kernopt.opt import Opt, OptOps
 
@@ -21,17 +21,21 @@ RULES: dict[str, str] = {
   "cpu.elementwise": "elementwise: UPCAST the contiguous vector axis by the vector width",
   "cpu.tile_columns": "a reduce with a vector axis: UPCAST it by two vectors (with a row axis) or one",
   "cpu.tile_rows": "UPCAST the row axis (broadcasting a streamed input) so the tile holds 8 vector accumulators",
-  "cpu.window_unroll": "UNROLL the last reduce axes of at most 3 while the tile stays within WINDOW_LANES lanes",
+  "cpu.conv_tile": "a convolution (a reduce axis of 3 or less, its window): UPCAST the row axis by 8 (else 4, 2) "
+                   "first, then the vector axis by one vector; the vector axis may be strided in the image (stride 2)",
+  "cpu.narrow_columns": "a reduce whose contiguous output axis is under two vectors and no multiple of the width (a "
+                        "skinny matmul's N): UPCAST it whole, then UPCAST a row axis by 4, else 2",
+  "cpu.window_unroll": "UNROLL the last reduce axes of at most 3 while the tile stays within window_lanes(width)",
   "cpu.contiguous_reduce": "a reduce unit-stride in an input: UNROLL it by two vectors, else one",
   "cpu.multi_reduce": "several reduces: UNROLL each reduce axis unit-stride in an input by two vectors (else one), "
                       "then UPCAST the vector axis by the vector width",
 }
 
 
-def row_axis(k: Kernel, vaxis: int) -> Optional[int]:
+def row_axis(k: Kernel, vaxis: int, strided: bool = False) -> Optional[int]:
   """An output axis along which an input that streams the vector axis is broadcast: upcasting it reuses that input's
-  vector for several rows of accumulators."""
-  streamed = [i for i in input_bufs(k) if strides(k, i)[vaxis] == 1]
+  vector for several rows of accumulators. `strided`: an input at any stride but 0 along the vector axis streams it."""
+  streamed = [i for i in input_bufs(k) if (strides(k, i)[vaxis] != 0 if strided else strides(k, i)[vaxis] == 1)]
   best: Optional[tuple[int, int]] = None
   for axis in range(k.first_reduce):
     size = k.full_shape[axis]
@@ -65,7 +69,11 @@ def hand_coded_cpu(k: Kernel) -> bool:
       return True
     decide(k, "cpu.elementwise", f"UPCAST of axis {vaxis} by {width} refused", axis=vaxis, vector_width=width)
     return False
-  if vaxis is not None: return _reduce_tile(k, vaxis, width)
+  if is_conv(k):
+    if vaxis is None: vaxis = strided_vector_axis(k, width)
+    if vaxis is not None: return _conv_tile(k, vaxis, width)
+  elif vaxis is not None: return _reduce_tile(k, vaxis, width)
+  elif (naxis := narrow_axis(k, width)) is not None and _narrow_tile(k, naxis, width): return True
   return _unroll_contiguous_reduce(k, width)
 
 def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
@@ -94,14 +102,96 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   _unroll_small_reduces(k)
   return True
 
+def is_conv(k: Kernel) -> bool:
+  """A reduce with a window: some reduce axis of at most 3 elements (a 3x3 kernel's ky, kx)."""
+  return any(_int(s) and s <= 3 for s in k.full_shape[k.first_reduce:k.shape_len - k.upcasted])
+
+def strided_vector_axis(k: Kernel, width: int) -> Optional[int]:
+  """The last output axis that width divides, unit-stride in every output and broadcast in some input (the weights),
+  at a constant stride in every input: a strided convolution's output columns, whose image lanes are gathered."""
+  outs, ins = output_bufs(k), input_bufs(k)
+  for axis in reversed(range(k.first_reduce)):
+    size = k.full_shape[axis]
+    if not _int(size) or size % width: continue
+    if all(strides(k, i)[axis] == 1 for i in outs) and all(_int(strides(k, i)[axis]) for i in ins) and \
+       any(strides(k, i)[axis] == 0 for i in ins):
+      return axis
+  return None
+
+def _conv_tile(k: Kernel, vaxis: int, width: int) -> bool:
+  """8 rows (output channels, where the image is broadcast) x 1 vector of output columns, rows upcast first. The
+  reference's convolution ASTs, 1 thread, interleaved rounds on this host: 64x56 (rows 8 x 1 vector before, columns
+  first) 1.10x; 8x16x32x32 -> 32 (4 rows x 2 vectors before) 1.42x; the same at stride 2 (the spec's 4 x 4 with the
+  window unrolled before) 2.8x."""
+  rule, rows = "cpu.conv_tile", row_axis(k, vaxis, strided=True)
+  if rows is not None:
+    size = k.full_shape[rows]
+    for amt in (8, 4, 2):
+      if _int(size) and size % amt == 0 and \
+         try_apply(k, rule, Opt(OptOps.UPCAST, rows, amt), f"{amt} rows: the image's lanes feed every row", axis=rows,
+                   size=size, buffer_strides=buffer_strides(k, rows)):
+        if amt == size and vaxis > rows: vaxis -= 1   # a whole-axis UPCAST leaves no axis of size 1 behind
+        break
+    else: decide(k, rule, f"no row upcast of 8, 4 or 2 divides axis {rows} or was accepted", axis=rows,
+                 size=k.full_shape[rows])
+  else: decide(k, rule, "no output axis broadcasts an input that streams the vector axis")
+  facts = {"axis": vaxis, "size": k.full_shape[vaxis], "buffer_strides": buffer_strides(k, vaxis),
+           "vector_width": width}
+  if not try_apply(k, rule, Opt(OptOps.UPCAST, vaxis, width), "one vector of output columns", **facts):
+    decide(k, rule, f"UPCAST of axis {vaxis} by {width} refused", **facts)
+  _unroll_small_reduces(k)
+  return True
+
+def narrow_axis(k: Kernel, width: int) -> Optional[int]:
+  """The last output axis of 2 to 2*width - 1 elements, no multiple of width, that is unit-stride in every output and
+  unit-stride or broadcast in every input, some input streaming it: a skinny matmul's N (an MLP's last layer)."""
+  outs, ins = output_bufs(k), input_bufs(k)
+  for axis in reversed(range(k.first_reduce)):
+    size = k.full_shape[axis]
+    if not _int(size) or not 2 <= size < 2 * width or size % width == 0 or size > k.opts.caps.max_upcast: continue
+    if all(strides(k, i)[axis] == 1 for i in outs) and all(strides(k, i)[axis] in (0, 1) for i in ins) and \
+       any(strides(k, i)[axis] == 1 for i in ins):
+      return axis
+  return None
+
+def _narrow_tile(k: Kernel, axis: int, width: int) -> bool:
+  """The whole narrow axis as the tile's columns (its loads are one contiguous row of the streamed input, packed into
+  a vector and scalar lanes) and 4 rows, else 2, of the broadcast input. 64x256x10 (an MLP's last layer), 1 thread,
+  this host: UNROLL 16 of the reduce (the rule before) 5.8 GF/s; 10 columns 12.9; 10 x 4 rows 17.4 (numpy 17.2);
+  10 x 8 rows 14.0; 10 x 2 rows 3.9."""
+  rule, size = "cpu.narrow_columns", k.full_shape[axis]
+  if not _int(size): return False   # narrow_axis chose an int axis
+  rows = row_axis(k, axis)
+  facts = {"axis": axis, "size": size, "buffer_strides": buffer_strides(k, axis), "vector_width": width,
+           "row_axis": rows, "max_upcast": k.opts.caps.max_upcast}
+  if not try_apply(k, rule, Opt(OptOps.UPCAST, axis, size), f"all {size} columns in the tile", **facts):
+    decide(k, rule, f"UPCAST of axis {axis} by {size} refused", **facts)
+    return False
+  if rows is not None:
+    if rows > axis: rows -= 1   # the whole-axis UPCAST leaves no axis of size 1 behind
+    for amt in (4, 2):
+      if _int(k.full_shape[rows]) and k.full_shape[rows] % amt == 0 and \
+         try_apply(k, rule, Opt(OptOps.UPCAST, rows, amt), f"{amt} rows of {size} columns", axis=rows,
+                   size=k.full_shape[rows], buffer_strides=buffer_strides(k, rows)): break
+    else: decide(k, rule, f"no row upcast of 4 or 2 divides axis {rows} or was accepted", axis=rows,
+                 size=k.full_shape[rows])
+  else: decide(k, rule, "no output axis broadcasts an input that streams the narrow axis")
+  _unroll_small_reduces(k)
+  return True
+
 # most lanes (upcast x unroll) a window may be unrolled into: each lane is an op through lowering, linearizing and
-# packing, so a conv's 3x3 window over a 64-lane tile (576 lanes, 5x the codegen time) was measured no faster
+# packing, so a conv's 3x3 window over a 64-lane tile (576 lanes, 5x the codegen time) was measured no faster; but a
+# whole 3x3 window over one vector is (a depthwise conv, 1 thread: 72 lanes 1.35x the 24 of kx alone)
 WINDOW_LANES = 64
+
+def window_lanes(width: int) -> int:
+  """The lane budget of cpu.window_unroll: WINDOW_LANES, or a 3x3 window over one vector of `width` if more."""
+  return max(WINDOW_LANES, 9 * width)
 
 def _unroll_small_reduces(k: Kernel) -> None:
   """Fully unroll reduce axes of at most 3 (a conv's window), last first, as the spec does, while the tile stays
-  within WINDOW_LANES lanes."""
-  rule = "cpu.window_unroll"
+  within window_lanes(vector width) lanes."""
+  rule, limit = "cpu.window_unroll", window_lanes(k.opts.caps.vector_width)
   for _ in range(2):
     end = k.shape_len - k.upcasted
     if k.first_reduce >= end:
@@ -110,13 +200,13 @@ def _unroll_small_reduces(k: Kernel) -> None:
     s = k.full_shape[end - 1]
     lanes = 1
     for x in k.full_shape[end:]: lanes *= x if isinstance(x, int) else 1
-    facts = {"axis": end - 1, "size": s, "lanes": lanes, "limit": WINDOW_LANES}
-    if not (isinstance(s, int) and s <= 3 and lanes * s <= WINDOW_LANES):
-      decide(k, rule, f"the last reduce axis is over 3 or would make the tile of {lanes} lanes over WINDOW_LANES",
+    facts = {"axis": end - 1, "size": s, "lanes": lanes, "limit": limit}
+    if not (isinstance(s, int) and s <= 3 and lanes * s <= limit):
+      decide(k, rule, f"the last reduce axis is over 3 or would make the tile of {lanes} lanes over {limit}",
              **facts)
       return
     if not try_apply(k, rule, Opt(OptOps.UNROLL, end - 1 - k.first_reduce, 0),
-                     f"a window axis of {s}: the tile stays within WINDOW_LANES", **facts):
+                     f"a window axis of {s}: the tile stays within {limit} lanes", **facts):
       decide(k, rule, "the whole-axis UNROLL was refused", **facts)
       return
 

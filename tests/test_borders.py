@@ -134,9 +134,9 @@ def test_versioned_list_has_a_plain_interior_copy():
 def test_rule_choices():
   big = linearized(kernopt.load(os.path.join(REF, "conv_64x56_0.json")), 8)
   assert wants_interior(interior(big))
-  # two tiles of 16 lanes across a row of 32: each tile touches a border, only the rows are narrowed, and the edge
-  # lanes keep their gates (the vector stays a masked load): not versioned
-  two_tiles = interior(linearized(kernopt.load(os.path.join(REF, "conv_16x32_s1_0.json")), 8))
+  # two tiles of 16 lanes (width 16) across a row of 32: each tile touches a border, only the rows are narrowed, and
+  # the edge lanes keep their gates (the vector stays a masked load): not versioned
+  two_tiles = interior(linearized(kernopt.load(os.path.join(REF, "conv_16x32_s1_0.json")), 16))
   assert two_tiles is not None and two_tiles.ungated < two_tiles.gated and not wants_interior(two_tiles)
   # an elementwise pad: one gated load per store, memory-bound
   pad = linearized(get("pad", "large").ast, 8)
@@ -181,7 +181,7 @@ def _run(ast, w: int, split: bool, inputs: dict) -> tuple:
   return bufs[0].numpy(), sum(u.op is UOps.IF for u in prg.uops)
 
 CONVS = [((1, 3, 12, 12, 8, 3, 1, 1), 4), ((1, 3, 12, 12, 8, 3, 1, 1), 8), ((1, 3, 12, 12, 8, 3, 1, 1), 16),
-         ((1, 4, 16, 16, 8, 3, 2, 1), 8), ((2, 2, 9, 10, 4, 3, 1, 2), 8), ((1, 2, 2, 2, 4, 3, 1, 1), 8)]
+         ((1, 4, 32, 32, 8, 3, 2, 1), 4), ((2, 2, 9, 10, 4, 3, 1, 2), 8), ((1, 2, 2, 2, 4, 3, 1, 1), 8)]
 
 @needs_cc
 @pytest.mark.parametrize("conv,w", CONVS, ids=[f"{'x'.join(map(str, c))}-w{w}" for c, w in CONVS])

@@ -1,6 +1,7 @@
 """The native CPU profile: host capabilities, the CPU heuristics (register tiles), the lane packer (vector ops of
 GCC's vector extensions) and the whole small catalogue on the multi-core CPU device, compared with numpy; the static C
 profile keeps the spec's choices."""
+import os
 import platform
 import re
 from dataclasses import replace
@@ -124,12 +125,61 @@ def test_conv_tile_without_window_unroll():
   assert o[0][0] == "UPCAST" and o[0][2] in (8, 16) and o[1][0] == "UPCAST" and len(o) == 2
 
 def test_small_window_unrolled_within_lane_budget():
-  """A 3-wide reduce is still unrolled when the tile stays within WINDOW_LANES lanes."""
-  from kernopt.heuristics_cpu import WINDOW_LANES
+  """A 3-wide reduce is still unrolled when the tile stays within the lane budget."""
+  from kernopt.heuristics_cpu import window_lanes
   k = protocol(get("conv2d", "large").ast, NativeCRenderer(vector_width=4, threads=1))
   o = opts_of(k)
   lanes = o[0][2] * o[1][2]
-  assert ("UNROLL" in [x[0] for x in o]) == (lanes * 3 <= WINDOW_LANES)
+  assert ("UNROLL" in [x[0] for x in o]) == (lanes * 3 <= window_lanes(4))
+
+def test_skinny_matmul_tiles_its_narrow_columns_whole():
+  """N = 10 (an MLP's last layer) is no multiple of the width: all 10 columns and 4 rows make the tile (rule
+  cpu.narrow_columns) instead of an unrolled reduce."""
+  assert opts_of(protocol(get("matmul_skinny").ast, R8)) == [("UPCAST", 1, 10), ("UPCAST", 0, 4)]
+
+@needs_cc
+@pytest.mark.parametrize("w", WIDTHS)
+def test_skinny_matmul_equals_numpy(w):
+  case, r = get("matmul_skinny"), NativeCRenderer(vector_width=w, threads=1)
+  k = protocol(case.ast, r)
+  # at width 4 ten columns are over two vectors and over max_upcast (8): the rule does not apply
+  assert (("UPCAST", 1, 10) in opts_of(k)) == (w >= 8)
+  dev = Device.open("CPU", threads=1, vector_width=w)
+  for _, outs, refs in catalogue.run_program(dev, case, k.to_program(), seed=w):
+    np.testing.assert_allclose(outs[0], refs[0], rtol=1e-5, atol=1e-5)
+
+def _reference_rows() -> dict:
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "reference"))
+  from translate import load_rows
+  return load_rows()
+
+CONV_TILES = [("conv_64x56", 4), ("conv_64x56", 8), ("conv_16x32_s1", 4), ("conv_16x32_s1", 8), ("conv_16x32_s1", 16),
+              ("conv_16x32_s2", 4), ("conv_16x32_s2", 8), ("conv_16x32_s2", 16)]
+
+@pytest.mark.parametrize("row,w", CONV_TILES)
+def test_reference_convs_tile_8_rows_of_one_vector(row, w):
+  """The reference's convolution ASTs (padded two-View inputs; at stride 2 the columns are gathered from the image)
+  whose output width the vector width divides: 8 output channels upcast first, then one vector of columns (rule
+  cpu.conv_tile)."""
+  k = protocol(_reference_rows()[row].kernels[0].ast, NativeCRenderer(vector_width=w, threads=1))
+  o = opts_of(k)
+  assert [d.rule for d in k.explain() if d.rule.startswith("cpu.")][0] == "cpu.conv_tile"
+  assert o[0][0] == "UPCAST" and o[0][2] == 8 and o[1][0] == "UPCAST" and o[1][2] == w, o
+
+@needs_cc
+@pytest.mark.parametrize("w", WIDTHS)
+@pytest.mark.parametrize("row", ("conv_small", "conv_small_s1", "conv_small_s2", "dwconv_small"))
+def test_reference_convs_run_right_at_every_width(row, w):
+  """The small reference convs under the standard protocol at each pinned width compute what the reference did."""
+  sys_path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "reference")
+  import sys
+  sys.path.insert(0, sys_path)
+  from kernopt_rows import RowProgram, check_reference
+  ref = _reference_rows()[row]
+  prog = RowProgram(Device.open("CPU", threads=1, vector_width=w), ref, True)
+  prog.run()
+  check_reference(ref, prog.output())
 
 def test_falls_back_to_spec_when_nothing_fits():
   """matmul_odd has no axis divisible by the vector width: the spec's heuristics run."""
