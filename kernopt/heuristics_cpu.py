@@ -25,6 +25,8 @@ RULES: dict[str, str] = {
                    "first, then the vector axis by one vector; the vector axis may be strided in the image (stride 2)",
   "cpu.narrow_columns": "a reduce whose contiguous output axis is under two vectors and no multiple of the width (a "
                         "skinny matmul's N): UPCAST it whole, then UPCAST a row axis by 4, else 2",
+  "cpu.pad_columns": "a reduce whose contiguous output axis no vector width divides: PADTO it to two vectors when that "
+                     "adds at most an eighth, then the register tile (the borders pass versions the edge tile)",
   "cpu.window_unroll": "UNROLL the last reduce axes of at most 3 while the tile stays within window_lanes(width)",
   "cpu.contiguous_reduce": "a reduce unit-stride in an input: UNROLL it by two vectors, else one",
   "cpu.multi_reduce": "several reduces: UNROLL each reduce axis unit-stride in an input by two vectors (else one), "
@@ -74,6 +76,10 @@ def hand_coded_cpu(k: Kernel) -> bool:
     if vaxis is not None: return _conv_tile(k, vaxis, width)
   elif vaxis is not None: return _reduce_tile(k, vaxis, width)
   elif (naxis := narrow_axis(k, width)) is not None and _narrow_tile(k, naxis, width): return True
+  elif (paxis := pad_axis(k, width)) is not None and \
+      try_apply(k, "cpu.pad_columns", Opt(OptOps.PADTO, paxis, 2 * width), f"padded to a multiple of {2 * width}",
+                axis=paxis, size=k.full_shape[paxis], buffer_strides=buffer_strides(k, paxis), vector_width=width):
+    return _reduce_tile(k, paxis, width)
   return _unroll_contiguous_reduce(k, width)
 
 def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
@@ -149,6 +155,23 @@ def narrow_axis(k: Kernel, width: int) -> Optional[int]:
   for axis in reversed(range(k.first_reduce)):
     size = k.full_shape[axis]
     if not _int(size) or not 2 <= size < 2 * width or size % width == 0 or size > k.opts.caps.max_upcast: continue
+    if all(strides(k, i)[axis] == 1 for i in outs) and all(strides(k, i)[axis] in (0, 1) for i in ins) and \
+       any(strides(k, i)[axis] == 1 for i in ins):
+      return axis
+  return None
+
+PAD_WASTE = 1 / 8   # most padding cpu.pad_columns adds, as a share of the axis
+
+def pad_axis(k: Kernel, width: int) -> Optional[int]:
+  """The last output axis over two vectors that no width divides and that padding to a multiple of 2*width grows by
+  at most PAD_WASTE, unit-stride in every output and unit-stride or broadcast in every input, some input streaming
+  it: matmul 1000x1000x999's N. 1 thread, this host: UNROLL 8 of the reduce (before) 4.6 GF/s; PADTO 16 with the
+  4 x 16 tile 39.6 (the edge tile versioned by passes/borders.py; 8.6x)."""
+  outs, ins = output_bufs(k), input_bufs(k)
+  for axis in reversed(range(k.first_reduce)):
+    size = k.full_shape[axis]
+    if not _int(size) or size <= 2 * width or size % width == 0: continue
+    if -size % (2 * width) > size * PAD_WASTE: continue
     if all(strides(k, i)[axis] == 1 for i in outs) and all(strides(k, i)[axis] in (0, 1) for i in ins) and \
        any(strides(k, i)[axis] == 1 for i in ins):
       return axis

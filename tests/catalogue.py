@@ -353,11 +353,13 @@ _SIZES: dict[str, dict[str, Any]] = {
   # sum_all: 1 output, 4096-long reduce (GROUPTOP 256); matvec: K % 8 == 0 and N % 16 == 0
   "small": {"ew": (32, 40), "r3": (16, 16, 16), "sum_all": (64, 64), "rows": (32, 64),
             "matmul": {"matmul_64": (64, 64, 64), "matmul_512": (32, 32, 32), "matmul_1024": (16, 16, 256),
-                       "matmul_odd": (100, 37, 53), "matmul_skinny": (16, 10, 48)},
+                       "matmul_odd": (100, 37, 53), "matmul_skinny": (16, 10, 48),
+                       "matmul_pad": (12, 255, 20)},
             "matmul_lp": (32, 32, 32), "matvec": (64, 64), "conv": (1, 4, 8, 8, 8), "image": (8, 8), "sym": (64, 16)},
   "large": {"ew": (1024, 1024), "r3": (64, 256, 256), "sum_all": (1024, 1024), "rows": (1024, 1024),
             "matmul": {"matmul_64": (64, 64, 64), "matmul_512": (512, 512, 512), "matmul_1024": (1024, 1024, 1024),
-                       "matmul_odd": (100, 37, 53), "matmul_skinny": (64, 10, 256)},
+                       "matmul_odd": (100, 37, 53), "matmul_skinny": (64, 10, 256),
+                       "matmul_pad": (1000, 999, 1000)},
             "matmul_lp": (1024, 1024, 1024), "matvec": (4096, 4096), "conv": (8, 64, 32, 32, 64), "image": (64, 128),
             "sym": (1024, 256)},
 }

@@ -234,3 +234,32 @@ def test_interior_copies_keep_each_reduces_own_loops():
   rngs = [u for u in k.uops if u.op is UOps.RANGE]
   assert any(isinstance(u.arg[0], tuple) for u in rngs), "the borders pass did not version this kernel"
   assert len(set(rngs)) == len(rngs) == sum(u.op is UOps.ENDRANGE for u in k.uops)
+
+# ***** a PADTO'd output axis: the edge tile's gated loads and stores *****
+
+def _padded_matmul(w: int, split: bool, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, int, list]:
+  from catalogue import _matmul_ast
+  (m, kk), n = a.shape, b.shape[1]
+  dev = Device.open("CPU", threads=1, vector_width=w)
+  dev.renderer.caps = replace(dev.renderer.caps, split_borders=split)
+  k = Kernel(_matmul_ast(m, n, kk), opts=dev.renderer).required_optimizations()
+  k.hand_coded_optimizations()
+  prg = k.to_program()
+  out, ba, bb = Buffer(dev, m * n, dtypes.float), Buffer(dev, a.size, dtypes.float), Buffer(dev, b.size, dtypes.float)
+  ba.copyin(a.reshape(-1))
+  bb.copyin(b.reshape(-1))
+  dev.compile(prg)(out, ba, bb, wait=True)
+  return out.numpy().reshape(m, n), sum(u.op is UOps.IF for u in prg.uops), [o.op.name for o in k.applied_opts]
+
+@needs_cc
+@pytest.mark.parametrize("w", WIDTHS)
+def test_padded_matmul_tile_versioned_matches_numpy(w):
+  """N = 255 padded to two vectors (rule cpu.pad_columns): the interior tiles lose the gates of B's loads and of the
+  output's stores (the lowerer's IF block of edge stores vanishes from the copy); the edge tile keeps them. Bit for
+  bit the unversioned kernel, and numpy."""
+  rng = np.random.default_rng(w)
+  a, b = rng.standard_normal((12, 20)).astype(np.float32), rng.standard_normal((20, 255)).astype(np.float32)
+  (plain, ifs0, opts0), (versioned, ifs, opts) = _padded_matmul(w, False, a, b), _padded_matmul(w, True, a, b)
+  assert opts[0] == "PADTO" and opts == opts0 and ifs > ifs0
+  assert versioned.tobytes() == plain.tobytes()
+  np.testing.assert_allclose(versioned, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)

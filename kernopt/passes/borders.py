@@ -18,7 +18,8 @@ _ALU, _CONST, _LOAD, _STORE, _PHI = UOps.ALU, UOps.CONST, UOps.LOAD, UOps.STORE,
 _RANGE, _ENDRANGE, _ACC, _IF, _ENDIF = UOps.RANGE, UOps.ENDRANGE, UOps.DEFINE_ACC, UOps.IF, UOps.ENDIF
 _ADD, _MUL, _CMPLT, _AND, _WHERE = BinaryOps.ADD, BinaryOps.MUL, BinaryOps.CMPLT, BinaryOps.AND, TernaryOps.WHERE
 # what a versioned region may hold: the reduce loops, their accumulators, loads, index and value math, stores
-_REGION_OPS = frozenset((_ALU, _CONST, _LOAD, _STORE, _PHI, _RANGE, _ENDRANGE, _ACC, UOps.CAST, UOps.BITCAST))
+_REGION_OPS = frozenset((_ALU, _CONST, _LOAD, _STORE, _PHI, _RANGE, _ENDRANGE, _ACC, UOps.CAST, UOps.BITCAST, _IF,
+                         _ENDIF))
 _INDEX_DTYPES = (dtypes.int32, dtypes.int64)
 
 Affine = tuple[dict[UOp, int], int]
@@ -125,9 +126,10 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   """The versioning plan of a linearized list, or None. The list needs exactly one innermost output loop (a non-reduce
   RANGE with no other inside it) holding gated loads; its region runs from the first UOp that is or reads an
   accumulator, a reduce loop or a gated load to the loop's end, and may hold only reduce loops, accumulators, loads,
-  ALU ops and ungated stores. The box narrows each output loop with constant bounds by the gate atoms that depend on
-  it alone among them (a < b over affine index math), as far as each atom then holds for every value of its other
-  leaves; a loop those atoms leave no common value (every tile of it touches a border) is not narrowed."""
+  ALU ops, stores and IF blocks whose conditions fold in the box. The box narrows each output loop with constant
+  bounds by the gate atoms (of loads, stores and IFs: a PADTO'd output axis gates all three) that depend on it alone
+  among them (a < b over affine index math), as far as each atom then holds for every value of its other leaves; a
+  loop those atoms leave no common value (every tile of it touches a border) is not narrowed."""
   ends, scopes = _structure(uops)
   def inner(i: int) -> bool:
     body = uops[i + 1:ends.get(uops[i], i)]
@@ -142,11 +144,14 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
     if _seed(u) or any(s in dep for s in u.src): dep.add(u)
   start = next(i for i in range(li + 1, le) if uops[i] in dep)
   region = uops[start:le]
-  if any(u.op not in _REGION_OPS or (u.op is _STORE and len(u.src) != 3) for u in region): return None
+  if any(u.op not in _REGION_OPS for u in region): return None
   outer = [r for r in scopes[li] + (loop,) if r.op is _RANGE and not r.arg[1] and _const_range(r)]
   memo: dict[UOp, Affine] = {}
   gated = [u for u in region if u.op is _LOAD and len(u.src) == 4]
-  atoms = {a: f for u in gated for a in _gate_atoms(u.src[2]) if (f := _less_form(a, memo)) is not None}
+  # a gated store (a PADTO'd output axis) narrows the box like a load: its gate folds in the copy too
+  ifs = [u.src[0] for u in region if u.op is _IF]
+  gates = [u.src[2] for u in gated] + [u.src[3] for u in region if u.op is _STORE and len(u.src) == 4] + ifs
+  atoms = {a: f for g in gates for a in _gate_atoms(g) if (f := _less_form(a, memo)) is not None}
   box: dict[UOp, tuple[int, int]] = {}
   for (form, k) in atoms.values():
     cands = [x for x in form if x in outer]
@@ -159,7 +164,8 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   # a loop whose atoms leave it no common value (every tile touches a border) is not narrowed
   box = {c: (lo, hi) for c, (lo, hi) in box.items() if lo <= hi and (lo, hi) != (vmin(c), vmax(c))}
   folded = frozenset(a for a, (form, k) in atoms.items() if _span(form, box)[1] + k <= -1)
-  if not box or not folded: return None
+  # an IF of the region (the lowerer's block of a PADTO'd tile's edge stores) must vanish from the copy
+  if not box or not folded or any(not all(a in folded for a in _gate_atoms(c)) for c in ifs): return None
   ungated = sum(all(a in folded for a in _gate_atoms(u.src[2])) for u in gated)
   fraction = 1.0
   for c, (lo, hi) in box.items(): fraction *= (hi - lo + 1) / (vmax(c) - vmin(c) + 1)
@@ -204,6 +210,8 @@ def _fold(u: UOp) -> UOp:
   elif u.op is _ALU and u.arg is _WHERE and u.src[0].op is _CONST and u.src[0].arg is True: return u.src[1]
   elif u.op is _LOAD and len(u.src) == 4 and u.src[2].op is _CONST and u.src[2].arg is True:
     return UOp(_LOAD, u.dtype, u.src[:2])
+  elif u.op is _STORE and len(u.src) == 4 and u.src[3].op is _CONST and u.src[3].arg is True:
+    return UOp(_STORE, u.dtype, u.src[:3])
   return u
 
 def split_borders(uops: list[UOp], plan: Optional[Interior] = None) -> list[UOp]:
@@ -279,6 +287,7 @@ def split_borders(uops: list[UOp], plan: Optional[Interior] = None) -> list[UOp]
   for u in here + tuple(visible):
     if (x := fast(u)) in need: emit(x)
   for u in body:
+    if u.op is _IF or u.op is _ENDIF: continue   # every IF condition of the region folds to True in the copy
     if u.op in (_ACC, _RANGE, _ENDRANGE):   # an accumulator precedes its loops: placed as it is, its sources later
       x = fast(u) if u.op is not _ENDRANGE else UOp(_ENDRANGE, None, (fast(u.src[0]),))
       emitted.add(x)
