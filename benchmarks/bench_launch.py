@@ -41,7 +41,7 @@ def main() -> None:
     # buffers as large as n's maximum, so that the same call passes both with and without launch-time bounds
     bufs = [Buffer("CPU", v.max, dtypes.float).copyin(np.arange(v.max, dtype=np.float32)) for _ in range(3)]
     vals = run._check(tuple(bufs), vv)
-    handles = [b._handle for arg, b in zip(run.program.args, bufs) if arg.used]
+    handles = [b._arg for arg, b in zip(run.program.args, bufs) if arg.used]
     ordered = [vals[x] for x in run.program.vars]
     fns[f"{name}: runner"] = lambda run=run, vv=vv, b=bufs: run(*b, var_vals=vv)
     bare = type(run)(run.device, run.program, run.lib)

@@ -187,9 +187,10 @@ class Program:
 
   def launch_dims(self, var_vals: dict[Any, int]) -> tuple[Optional[tuple[int, ...]], Optional[tuple[int, ...]]]:
     """global and local sizes with symbolic entries evaluated for var_vals."""
+    if self.global_size is None and self.local_size is None: return None, None   # a loop kernel (the CPU)
     from kernopt.shape.symbolic import sym_infer
     def ev(dims: Optional[tuple[Any, ...]]) -> Optional[tuple[int, ...]]:
-      return None if dims is None else tuple(sym_infer(d, var_vals) for d in dims)
+      return None if dims is None else tuple(d if type(d) is int else sym_infer(d, var_vals) for d in dims)
     return ev(self.global_size), ev(self.local_size)
 
 # dialect name -> "module:Class"; modules are imported on first use

@@ -40,13 +40,17 @@ class Compiled:
   def _wrap(self, ptr: Any, nbytes: int) -> Any:
     """The handle of nbytes at ptr, allocated elsewhere (Buffer.from_device_pointer)."""
     raise UnsupportedError(f"{self.name} cannot wrap memory allocated elsewhere")
+  def _launch_arg(self, handle: Any) -> Any:
+    """What _launch receives for a buffer whose handle this is: computed once, when the Buffer is made."""
+    return handle
   def _compile(self, program: Program) -> Any:
     """Build program.src; return whatever _launch needs. Raise CompileError with the compiler's log."""
     raise NotImplementedError
   def _launch(self, lib: Any, program: Program, handles: list[Any], var_vals: list[int],
               global_size: Optional[tuple[int, ...]], local_size: Optional[tuple[int, ...]],
               wait: bool) -> Optional[float]:
-    """Run lib: handles are the buffers of program.used_args (in index order), var_vals those of program.vars,
+    """Run lib: handles are the _launch_arg of the buffers of program.used_args (in index order), var_vals those of
+    program.vars,
     each passed as its program.var_args dtype."""
     raise NotImplementedError
   def synchronize(self) -> None: pass
@@ -95,7 +99,7 @@ class CompiledRunner:
     vals = self._check(buffers, var_vals or {})
     gsz, lsz = self.program.launch_dims(vals)
     # by index: the source's buffer parameters are the used args only, in index order
-    handles = [b._handle for a, b in zip(self.program.args, buffers) if a.used]
+    handles = [b._arg for a, b in zip(self.program.args, buffers) if a.used]
     if not debug.on(2):
       return self.device._launch(self.lib, self.program, handles, [vals[v] for v in self.program.vars], gsz, lsz, wait)
     # DEBUG>=2 waits for every launch, to time it
@@ -115,12 +119,12 @@ class CompiledRunner:
     address range [lo, hi) at these values lies inside it: none below 0, none past its size), that
     no written buffer is passed for two indices, and every value (an int in the Variable's range); var_vals keys are
     Variables or names, and the ones the program doesn't take are ignored."""
-    from kernopt.shape.symbolic import Variable
     prg = self.program
     if len(buffers) != len(prg.args):
       raise LaunchError(f"{prg.name} takes {len(prg.args)} buffers (indices {[a.idx for a in prg.args]}), "
                         f"got {len(buffers)}")
     by_name: dict[str, Any] = {}
+    if var_vals: from kernopt.shape.symbolic import Variable
     for k, val in var_vals.items():
       if not isinstance(k, (str, Variable)):
         raise LaunchError(f"{prg.name}: a var_vals key must be a Variable or its name, got {type(k).__name__} {k!r}")
@@ -142,7 +146,7 @@ class CompiledRunner:
       if not isinstance(buf, Buffer): raise LaunchError(f"{prg.name}: argument {arg.idx} is not a Buffer: {buf!r}")
       if buf.device != self.device.name:
         raise LaunchError(f"{prg.name}: buffer {arg.idx} lives on {buf.device}, the kernel on {self.device.name}")
-      if buf.dtype != arg.dtype:
+      if buf.dtype is not arg.dtype and buf.dtype != arg.dtype:
         raise LaunchError(f"{prg.name}: buffer {arg.idx} has dtype {buf.dtype}, the kernel expects {arg.dtype}")
       if not arg.used: continue   # never read: no size to check, and no alias that matters
       if (bd := self._bounds.get(arg.idx)) is not None:
@@ -205,6 +209,7 @@ class Buffer:
       except MemoryError:
         raise LaunchError(f"cannot allocate a Buffer of {self.nbytes} bytes on {self.device}") from None
     else: self._handle, self._owner = self.dev._wrap(_wrap[0], self.nbytes), _wrap
+    self._arg = self.dev._launch_arg(self._handle)
 
   @classmethod
   def from_device_pointer(cls, device: str | Compiled, ptr: Any, size: int, dtype: DType, owner: Any = None) -> Buffer:

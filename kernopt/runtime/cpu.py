@@ -252,6 +252,7 @@ class CPUDevice(Compiled):
     off = (-raw.ctypes.data) % 64
     return raw[off:off + nbytes]
 
+  def _launch_arg(self, handle: np.ndarray) -> int: return handle.ctypes.data   # the address, as the argtypes take it
   def _copyin(self, handle: np.ndarray, src: np.ndarray) -> None: handle[:] = src.reshape(-1).view(np.uint8)
   def _copyout(self, dst: np.ndarray, handle: np.ndarray) -> None: dst.reshape(-1).view(np.uint8)[:] = handle
 
@@ -321,8 +322,8 @@ class CPUDevice(Compiled):
               wait: bool) -> Optional[float]:
     if global_size is not None or local_size is not None:
       raise LaunchError(f"{program.name}: the CPU device takes no global/local sizes")
-    args = [ctypes.c_void_p(h.ctypes.data) for h in handles] + \
-      [_CTYPES[a.dtype](v) for a, v in zip(program.var_args, var_vals)]
+    # plain ints (the buffers' addresses, from _launch_arg): the function's argtypes (set at load) convert them
+    args = handles + var_vals
     st = time.perf_counter()
     lib(*args)
     return time.perf_counter() - st if wait else None
