@@ -8,8 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import catalogue
-from catalogue import get
+from catalogue import alu, buf, get, kernel, store
 from kernopt.dtype import ImageDType, dtypes
+from kernopt.ops import UnaryOps
 from kernopt.errors import UnsupportedError
 from kernopt.helpers import config_override
 from kernopt.kernel import Kernel, Opt, OptOps
@@ -439,3 +440,43 @@ def test_fuzz_native_multicore():
   real = [f for f in report.failures if O.PADTO not in {o.op for o in f.opts}]
   assert not real, report.summary()
   assert report.executed >= len(report.cases) // 2
+
+# ***** exp2: kernopt's own, scalar and vector alike *****
+
+def _exp2_inputs() -> np.ndarray:
+  """Float32 bit patterns over [-160, 140] at a stride of 4099 (both signs), and the special values."""
+  pos = np.arange(0, np.float32(140).view(np.uint32), 4099, dtype=np.uint32).view(np.float32)
+  neg = np.arange(0x80000000, np.float32(-160).view(np.uint32), 4099, dtype=np.uint32).view(np.float32)
+  spec = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 127.99999, 128.0, 128.5, -126.0, -149.0, -149.5, -150.0, -151.0,
+                   -1e4, 1e30, -1e30, 0.5, -0.5, 1.5, 2.5, 1e-30, -1e-30], np.float32)
+  x = np.concatenate([pos, neg, spec])
+  return np.concatenate([x, np.zeros(-len(x) % 64, np.float32)])
+
+@needs_cc
+@pytest.mark.parametrize("w", WIDTHS)
+def test_exp2_within_one_ulp_and_the_same_in_every_lane_width(w):
+  """The native profile's float32 EXP2 (renderers/native.py _exp2_helper): within 1 ulp of the correctly rounded
+  value (numpy's float64 exp2, rounded) over a sweep of float32 values, NaN, infinities, overflow and underflow
+  exact; the packed vector kernel gives the scalar kernel's bits."""
+  x = _exp2_inputs()
+  ast = kernel(store(alu(UnaryOps.EXP2, buf(1, (x.size,)))))
+  dev = Device.open("CPU", threads=1, vector_width=w)
+  outs = []
+  for opts in ([], [Opt(OptOps.UPCAST, 0, w)]):
+    k = Kernel(ast, opts=dev.renderer)
+    for o in opts: k.apply_opt(o)
+    prg = k.to_program()
+    assert (f"ko_exp2_float{w}(" if opts else "ko_exp2f(") in prg.src
+    out, inp = Buffer(dev, x.size, dtypes.float), Buffer(dev, x.size, dtypes.float).copyin(x)
+    dev.compile(prg)(out, inp, wait=True)
+    outs.append(out.numpy())
+  assert outs[0].tobytes() == outs[1].tobytes()
+  got = outs[1]
+  with np.errstate(over="ignore"): want = np.exp2(x.astype(np.float64)).astype(np.float32)
+  assert np.array_equal(np.isnan(got), np.isnan(want))
+  ok = ~np.isnan(want)
+  special = ok & ((want == 0) | np.isinf(want))
+  np.testing.assert_array_equal(got[special], want[special])
+  fin = ok & ~special
+  ulps = np.abs(got[fin].astype(np.float64) - want[fin]) / np.spacing(np.abs(want[fin])).astype(np.float64)
+  assert ulps.max() <= 1.0, (ulps.max(), x[fin][np.argmax(ulps)])

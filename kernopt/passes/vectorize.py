@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 from kernopt.dtype import DType, ImageDType, dtypes
-from kernopt.ops import BinaryOps, TernaryOps
+from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
 from kernopt.uops import UOp, UOps
 
 # enum members as module constants (attribute lookups on the enum classes cost ~0.1 us each in hot loops)
@@ -18,7 +18,7 @@ _DEFINE_ACC, _DEFINE_GLOBAL = UOps.DEFINE_ACC, UOps.DEFINE_GLOBAL
 _ENDIF, _ENDRANGE, _GEP, _IF, _LOAD, _PHI = UOps.ENDIF, UOps.ENDRANGE, UOps.GEP, UOps.IF, UOps.LOAD, UOps.PHI
 _RANGE, _STORE, _VECTORIZE = UOps.RANGE, UOps.STORE, UOps.VECTORIZE
 _ADD, _WHERE = BinaryOps.ADD, TernaryOps.WHERE
-VECTOR_ALU = frozenset((BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, TernaryOps.MULACC))
+VECTOR_ALU = frozenset((BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, TernaryOps.MULACC, UnaryOps.EXP2))
 VECTOR_DTYPES = frozenset((dtypes.float32,))
 
 @dataclass
