@@ -278,16 +278,18 @@ def input_bufs(k: Kernel) -> list[int]:
   outs = output_bufs(k)
   return [i for i in range(len(k.bufs)) if i not in outs]
 
+def contiguous_axis(k: Kernel, axis: int) -> bool:
+  """Whether axis is unit-stride in every output and unit-stride or broadcast in every input, some input streaming
+  it: its lanes are contiguous loads and stores."""
+  ins = input_bufs(k)
+  return all(strides(k, i)[axis] == 1 for i in output_bufs(k)) and all(strides(k, i)[axis] in (0, 1) for i in ins) \
+    and any(strides(k, i)[axis] == 1 for i in ins)
+
 def vector_axis(k: Kernel, width: int) -> Optional[int]:
-  """The last output axis that width divides, unit-stride in every output and unit-stride or broadcast in every
-  input (some input streaming it): its lanes are contiguous loads and stores."""
-  outs, ins = output_bufs(k), input_bufs(k)
+  """The last contiguous output axis (contiguous_axis) that width divides."""
   for axis in reversed(range(k.first_reduce)):
     size = k.full_shape[axis]
-    if not _is_int(size) or size % width: continue
-    if all(strides(k, i)[axis] == 1 for i in outs) and all(strides(k, i)[axis] in (0, 1) for i in ins) and \
-       any(strides(k, i)[axis] == 1 for i in ins):
-      return axis
+    if _is_int(size) and size % width == 0 and contiguous_axis(k, axis): return axis
   return None
 
 def spec_rules(k: Kernel) -> bool:

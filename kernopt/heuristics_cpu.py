@@ -7,7 +7,8 @@ hand_coded_cpu as the "cpu_native" profile. Every step records a Decision (heuri
 of RULES."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, TypeGuard
-from kernopt.heuristics import buffer_strides, decide, input_bufs, output_bufs, strides, try_apply, vector_axis
+from kernopt.heuristics import (buffer_strides, contiguous_axis, decide, input_bufs, output_bufs, strides, try_apply,
+                                vector_axis)
 from kernopt.heuristics_registry import register_heuristics
 from kernopt.opt import Opt, OptOps
 
@@ -149,32 +150,25 @@ def _conv_tile(k: Kernel, vaxis: int, width: int) -> bool:
   return True
 
 def narrow_axis(k: Kernel, width: int) -> Optional[int]:
-  """The last output axis of 2 to 2*width - 1 elements, no multiple of width, that is unit-stride in every output and
-  unit-stride or broadcast in every input, some input streaming it: a skinny matmul's N (an MLP's last layer)."""
-  outs, ins = output_bufs(k), input_bufs(k)
+  """The last contiguous output axis (heuristics.contiguous_axis) of 2 to 2*width - 1 elements, no multiple of width:
+  a skinny matmul's N (an MLP's last layer)."""
   for axis in reversed(range(k.first_reduce)):
     size = k.full_shape[axis]
     if not _int(size) or not 2 <= size < 2 * width or size % width == 0 or size > k.opts.caps.max_upcast: continue
-    if all(strides(k, i)[axis] == 1 for i in outs) and all(strides(k, i)[axis] in (0, 1) for i in ins) and \
-       any(strides(k, i)[axis] == 1 for i in ins):
-      return axis
+    if contiguous_axis(k, axis): return axis
   return None
 
 PAD_WASTE = 1 / 8   # most padding cpu.pad_columns adds, as a share of the axis
 
 def pad_axis(k: Kernel, width: int) -> Optional[int]:
-  """The last output axis over two vectors that no width divides and that padding to a multiple of 2*width grows by
-  at most PAD_WASTE, unit-stride in every output and unit-stride or broadcast in every input, some input streaming
-  it: matmul 1000x1000x999's N. 1 thread, this host: UNROLL 8 of the reduce (before) 4.6 GF/s; PADTO 16 with the
-  4 x 16 tile 39.6 (the edge tile versioned by passes/borders.py; 8.6x)."""
-  outs, ins = output_bufs(k), input_bufs(k)
+  """The last contiguous output axis (heuristics.contiguous_axis) over two vectors that no width divides and that
+  padding to a multiple of 2*width grows by at most PAD_WASTE: matmul 1000x1000x999's N. 1 thread, this host: UNROLL
+  8 of the reduce (before) 4.6 GF/s; PADTO 16 with the 4 x 16 tile 39.6 (the edge tile versioned by
+  passes/borders.py; 8.6x)."""
   for axis in reversed(range(k.first_reduce)):
     size = k.full_shape[axis]
-    if not _int(size) or size <= 2 * width or size % width == 0: continue
-    if -size % (2 * width) > size * PAD_WASTE: continue
-    if all(strides(k, i)[axis] == 1 for i in outs) and all(strides(k, i)[axis] in (0, 1) for i in ins) and \
-       any(strides(k, i)[axis] == 1 for i in ins):
-      return axis
+    if not _int(size) or size <= 2 * width or size % width == 0 or -size % (2 * width) > size * PAD_WASTE: continue
+    if contiguous_axis(k, axis): return axis
   return None
 
 def _narrow_tile(k: Kernel, axis: int, width: int) -> bool:
