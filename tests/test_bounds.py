@@ -197,3 +197,15 @@ def test_random_trackers_bufferarg_bounds_against_brute_force():
     arg = Kernel(ast, opts=dev.renderer).to_program().args[1]
     for st in (st1, st2): _check_bounds(st, arg.lo, arg.hi, [1], False)
     done += 1
+
+def test_a_buffers_size_dtype_and_memory_are_fixed():
+  """The launch checks trust a Buffer's size, dtype and device: none of them (nor its memory) can be rebound, so a
+  caller can't make a 4-element Buffer pass for a 1000-element one (the kernel below then fails its bounds check)."""
+  small = Buffer("CPU", 4, dtypes.float)
+  for name, value in (("size", 1000), ("dtype", dtypes.int32), ("device", "PYTHON"), ("nbytes", 4000), ("_arg", 0)):
+    with pytest.raises(AttributeError, match="fixed"): setattr(small, name, value)
+  assert (small.size, small.dtype, small.nbytes) == (4, dtypes.float, 16)
+  ast = A.kernel(A.store(0, A.add(A.load(1, dtypes.float, (1000,)), 1.0)))
+  dev = Device["CPU"]
+  with pytest.raises(LaunchError, match="holds 4 elements"):
+    dev.compile(Kernel(ast, opts=dev.renderer).to_program())(Buffer("CPU", 1000, dtypes.float), small)

@@ -210,6 +210,12 @@ class Buffer:
         raise LaunchError(f"cannot allocate a Buffer of {self.nbytes} bytes on {self.device}") from None
     else: self._handle, self._owner = self.dev._wrap(_wrap[0], self.nbytes), _wrap
     self._arg = self.dev._launch_arg(self._handle)
+    self._made = True
+
+  def __setattr__(self, name: str, value: Any) -> None:
+    # what the launch checks read (device, size, dtype) and the memory they describe are fixed once the Buffer exists
+    if self.__dict__.get("_made"): raise AttributeError(f"a Buffer's {name} is fixed: make a new Buffer")
+    object.__setattr__(self, name, value)
 
   @classmethod
   def from_device_pointer(cls, device: str | Compiled, ptr: Any, size: int, dtype: DType, owner: Any = None) -> Buffer:
