@@ -7,8 +7,8 @@ hand_coded_cpu as the "cpu_native" profile. Every step records a Decision (heuri
 of RULES."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, TypeGuard
-from kernopt.heuristics import (buffer_strides, contiguous_axis, decide, input_bufs, output_bufs, strides, try_apply,
-                                vector_axis)
+from kernopt.heuristics import (buffer_strides, contiguous_axis, decide, input_bufs, output_bufs, pad_axis, strides,
+                                try_apply, vector_axis)
 from kernopt.heuristics_registry import register_heuristics
 from kernopt.opt import Opt, OptOps
 
@@ -155,19 +155,6 @@ def narrow_axis(k: Kernel, width: int) -> Optional[int]:
   for axis in reversed(range(k.first_reduce)):
     size = k.full_shape[axis]
     if not _int(size) or not 2 <= size < 2 * width or size % width == 0 or size > k.opts.caps.max_upcast: continue
-    if contiguous_axis(k, axis): return axis
-  return None
-
-PAD_WASTE = 1 / 8   # most padding cpu.pad_columns adds, as a share of the axis
-
-def pad_axis(k: Kernel, width: int) -> Optional[int]:
-  """The last contiguous output axis (heuristics.contiguous_axis) over two vectors that no width divides and that
-  padding to a multiple of 2*width grows by at most PAD_WASTE: matmul 1000x1000x999's N. 1 thread, this host: UNROLL
-  8 of the reduce (before) 4.6 GF/s; PADTO 16 with the 4 x 16 tile 39.6 (the edge tile versioned by
-  passes/borders.py; 8.6x)."""
-  for axis in reversed(range(k.first_reduce)):
-    size = k.full_shape[axis]
-    if not _int(size) or size <= 2 * width or size % width == 0 or -size % (2 * width) > size * PAD_WASTE: continue
     if contiguous_axis(k, axis): return axis
   return None
 

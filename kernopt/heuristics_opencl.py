@@ -8,7 +8,8 @@ registers hand_coded_opencl as the "opencl_cpu" profile."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, TypeGuard
 from kernopt.dtype import ImageDType, dtypes
-from kernopt.heuristics import buffer_strides, decide, input_bufs, output_bufs, strides, try_apply, vector_axis
+from kernopt.heuristics import (buffer_strides, decide, input_bufs, output_bufs, pad_axis, strides, try_apply,
+                                vector_axis)
 from kernopt.heuristics_registry import register_heuristics
 from kernopt.opt import Opt, OptOps
 
@@ -32,6 +33,8 @@ RULES: dict[str, str] = {
   "opencl.tile_rows": "UPCAST the row axis so the tile holds 8 (8 x 2 on a long reduce) vector accumulators",
   "opencl.tile_unroll": "UNROLL the tile's last reduce axis: whole when at most 3, by 2 under an 8 x 2 tile, else by 4",
   "opencl.row_blocks": "LOCAL row blocks so one work-group covers TILE_ROWS rows",
+  "opencl.pad_columns": "a reduce whose contiguous output axis no vector width divides: PADTO it to two vectors when "
+                        "that adds at most an eighth (heuristics.pad_axis), then the register tile",
   "opencl.contiguous_reduce": "a reduce unit-stride in an input: UNROLL it by two vectors, else one",
   "opencl.contiguous_rows": "after a contiguous-reduce unroll: UPCAST the last output axis by 4 or 2 rows",
 }
@@ -67,6 +70,10 @@ def hand_coded_opencl(k: Kernel) -> bool:
   if k.reduceop is None: return _elementwise(k, width)
   vaxis = vector_axis(k, width)
   if vaxis is not None: return _reduce_tile(k, vaxis, width)
+  if (paxis := pad_axis(k, width)) is not None and \
+     try_apply(k, "opencl.pad_columns", Opt(OptOps.PADTO, paxis, 2 * width), f"padded to a multiple of {2 * width}",
+               axis=paxis, size=k.full_shape[paxis], buffer_strides=buffer_strides(k, paxis), vector_width=width):
+    return _reduce_tile(k, paxis, width)
   decide(k, "opencl.tile_columns", f"no output axis of a multiple of {width} is unit-stride in every output and "
          "streamed by an input", vector_width=width)
   return _contiguous_reduce(k, width)

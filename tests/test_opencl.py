@@ -496,6 +496,19 @@ def test_cpu_profile_matmul_register_tile(dev):
   assert "nontemporal" not in src   # a kernel with a loop keeps plain stores
   np.testing.assert_allclose(got.reshape(M, N), a @ b, rtol=1e-4, atol=1e-4)
 
+def test_cpu_profile_pads_an_odd_output_axis_to_two_vectors(dev):
+  """N = 8w - 1 (matmul 1000x1000x999's shape of problem): PADTO to 2w (rule opencl.pad_columns), then the register
+  tile; the padded lanes are masked, and the numbers are numpy's."""
+  from kernopt.opt import OptOps
+  r = _cpu_profile(dev)
+  w = r.caps.vector_width
+  M, N, K = 24, 8 * w - 1, 20
+  rng = np.random.default_rng(5)
+  a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
+  got, opts, _ = _run_ast(dev, _mm_ast(M, N, K), r, {1: a, 2: b}, M * N)
+  assert (opts[0].op, opts[0].amt) == (OptOps.PADTO, 2 * w) and opts[1].op is OptOps.UPCAST
+  np.testing.assert_allclose(got.reshape(M, N), a @ b, rtol=1e-4, atol=1e-4)
+
 def test_cpu_profile_conv_like_short_reduce_keeps_8_accumulators(dev):
   from kernopt.opt import OptOps
   r = _cpu_profile(dev)
