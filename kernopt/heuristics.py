@@ -292,6 +292,22 @@ def vector_axis(k: Kernel, width: int) -> Optional[int]:
     if _is_int(size) and size % width == 0 and contiguous_axis(k, axis): return axis
   return None
 
+def is_conv(k: Kernel) -> bool:
+  """A reduce with a window: some reduce axis of at most 3 elements (a 3x3 kernel's ky, kx)."""
+  return any(_is_int(s) and s <= 3 for s in k.full_shape[k.first_reduce:k.shape_len - k.upcasted])
+
+def strided_vector_axis(k: Kernel, width: int) -> Optional[int]:
+  """The last output axis that width divides, unit-stride in every output and broadcast in some input (the weights),
+  at a constant stride in every input: a strided convolution's output columns, whose image lanes are gathered."""
+  outs, ins = output_bufs(k), input_bufs(k)
+  for axis in reversed(range(k.first_reduce)):
+    size = k.full_shape[axis]
+    if not _is_int(size) or size % width: continue
+    if all(strides(k, i)[axis] == 1 for i in outs) and all(_is_int(strides(k, i)[axis]) for i in ins) and \
+       any(strides(k, i)[axis] == 0 for i in ins):
+      return axis
+  return None
+
 PAD_WASTE = 1 / 8   # most padding pad_axis allows, as a share of the axis
 
 def pad_axis(k: Kernel, width: int) -> Optional[int]:

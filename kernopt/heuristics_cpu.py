@@ -7,8 +7,8 @@ hand_coded_cpu as the "cpu_native" profile. Every step records a Decision (heuri
 of RULES."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, TypeGuard
-from kernopt.heuristics import (buffer_strides, contiguous_axis, decide, input_bufs, output_bufs, pad_axis, strides,
-                                try_apply, vector_axis)
+from kernopt.heuristics import (buffer_strides, contiguous_axis, decide, input_bufs, is_conv, pad_axis,
+                                strided_vector_axis, strides, try_apply, vector_axis)
 from kernopt.heuristics_registry import register_heuristics
 from kernopt.opt import Opt, OptOps
 
@@ -108,22 +108,6 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   else: decide(k, "cpu.tile_rows", "no output axis broadcasts an input that streams the vector axis")
   _unroll_small_reduces(k)
   return True
-
-def is_conv(k: Kernel) -> bool:
-  """A reduce with a window: some reduce axis of at most 3 elements (a 3x3 kernel's ky, kx)."""
-  return any(_int(s) and s <= 3 for s in k.full_shape[k.first_reduce:k.shape_len - k.upcasted])
-
-def strided_vector_axis(k: Kernel, width: int) -> Optional[int]:
-  """The last output axis that width divides, unit-stride in every output and broadcast in some input (the weights),
-  at a constant stride in every input: a strided convolution's output columns, whose image lanes are gathered."""
-  outs, ins = output_bufs(k), input_bufs(k)
-  for axis in reversed(range(k.first_reduce)):
-    size = k.full_shape[axis]
-    if not _int(size) or size % width: continue
-    if all(strides(k, i)[axis] == 1 for i in outs) and all(_int(strides(k, i)[axis]) for i in ins) and \
-       any(strides(k, i)[axis] == 0 for i in ins):
-      return axis
-  return None
 
 def _conv_tile(k: Kernel, vaxis: int, width: int) -> bool:
   """8 rows (output channels, where the image is broadcast) x 1 vector of output columns, rows upcast first. The

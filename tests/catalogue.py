@@ -227,6 +227,33 @@ def conv2d_ast(N: int, CI: int, H: int, W: int, CO: int) -> LazyOp:
   wgt = buf(2, full, st=view(full, (0, CI * 9, 0, 0, 9, 3, 1)))
   return kernel(store(reduce(ReduceOps.SUM, alu(BinaryOps.MUL, inp, wgt), (4, 5, 6))))
 
+def conv2d_s2_ast(N: int, CI: int, H: int, W: int, CO: int) -> LazyOp:
+  """conv2d_ast at stride 2: out[n, co, y, x] = sum pad(inp)[n, ci, 2y+ky, 2x+kx] * w[co, ci, ky, kx] over the full
+  shape (N, CO, Ho, Wo, CI, 3, 3), Ho = (H - 1) // 2 + 1: the window view's output axes step 2 through the padded
+  input, so no input is unit-stride along the output columns."""
+  Hp, Wp, Ho, Wo = H + 2, W + 2, (H - 1) // 2 + 1, (W - 1) // 2 + 1
+  full = (N, CO, Ho, Wo, CI, 3, 3)
+  padded = ShapeTracker.from_shape((N, CI, H, W)).pad(((0, 0), (0, 0), (1, 1), (1, 1)))
+  window = View.create(full, (CI * Hp * Wp, 0, 2 * Wp, 2, Hp * Wp, Wp, 1))
+  inp = buf(1, full, st=ShapeTracker(padded.views + (window,)))
+  wgt = buf(2, full, st=view(full, (0, CI * 9, 0, 0, 9, 3, 1)))
+  return kernel(store(reduce(ReduceOps.SUM, alu(BinaryOps.MUL, inp, wgt), (4, 5, 6))))
+
+def _conv2d_s2(S: dict) -> Case:
+  N, CI, H, W, CO = S["conv_s2"]
+  Ho, Wo = (H - 1) // 2 + 1, (W - 1) // 2 + 1
+  def ref(x: dict, v: dict) -> dict:
+    xp = np.pad(x[1].astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((N, CO, Ho, Wo))
+    for ky in range(3):
+      for kx in range(3):
+        out += np.einsum("nchw,oc->nohw", xp[:, :, ky:ky + 2 * Ho:2, kx:kx + 2 * Wo:2], x[2][:, :, ky, kx])
+    return {0: _f32(out).reshape(N, CO, Ho, Wo, 1, 1, 1)}
+  return _case("conv2d_s2", conv2d_s2_ast(N, CI, H, W, CO), [(0, (N, CO, Ho, Wo, 1, 1, 1), dtypes.float)],
+               [(1, (N, CI, H, W), dtypes.float), (2, (CO, CI, 3, 3), dtypes.float)],
+               lambda r: {1: _uniform(r, (N, CI, H, W)), 2: _uniform(r, (CO, CI, 3, 3))}, ref,
+               {"conv", "reduce", "pad"})
+
 def _conv2d(S: dict) -> Case:
   N, CI, H, W, CO = S["conv"]
   ast = conv2d_ast(N, CI, H, W, CO)
@@ -355,20 +382,22 @@ _SIZES: dict[str, dict[str, Any]] = {
             "matmul": {"matmul_64": (64, 64, 64), "matmul_512": (32, 32, 32), "matmul_1024": (16, 16, 256),
                        "matmul_odd": (100, 37, 53), "matmul_skinny": (16, 10, 48),
                        "matmul_pad": (12, 255, 20)},
-            "matmul_lp": (32, 32, 32), "matvec": (64, 64), "conv": (1, 4, 8, 8, 8), "image": (8, 8), "sym": (64, 16)},
+            "matmul_lp": (32, 32, 32), "matvec": (64, 64), "conv": (1, 4, 8, 8, 8), "conv_s2": (1, 4, 16, 16, 8),
+            "image": (8, 8), "sym": (64, 16)},
   "large": {"ew": (1024, 1024), "r3": (64, 256, 256), "sum_all": (1024, 1024), "rows": (1024, 1024),
             "matmul": {"matmul_64": (64, 64, 64), "matmul_512": (512, 512, 512), "matmul_1024": (1024, 1024, 1024),
                        "matmul_odd": (100, 37, 53), "matmul_skinny": (64, 10, 256),
                        "matmul_pad": (1000, 999, 1000)},
-            "matmul_lp": (1024, 1024, 1024), "matvec": (4096, 4096), "conv": (8, 64, 32, 32, 64), "image": (64, 128),
-            "sym": (1024, 256)},
+            "matmul_lp": (1024, 1024, 1024), "matvec": (4096, 4096), "conv": (8, 64, 32, 32, 64),
+            "conv_s2": (8, 16, 64, 64, 32), "image": (64, 128), "sym": (1024, 256)},
 }
 
 @functools.lru_cache(maxsize=None)
 def _build(scale: str) -> tuple[Case, ...]:
   if scale not in _SIZES: raise ValueError(f"unknown catalogue scale {scale!r}; use 'small' or 'large'")
   S = _SIZES[scale]
-  cases = _elementwise(S) + _reductions(S) + _matmuls(S) + [_conv2d(S)] + _images(S) + _symbolic(S) + _exec_extras(S)
+  cases = _elementwise(S) + _reductions(S) + _matmuls(S) + [_conv2d(S), _conv2d_s2(S)] + _images(S) + _symbolic(S) + \
+    _exec_extras(S)
   return tuple(cases)
 
 def catalogue(scale: str = "small") -> list[Case]:

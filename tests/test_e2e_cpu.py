@@ -91,10 +91,10 @@ def analytic(case) -> tuple[int, int]:
   if name == "matvec":
     N, K = case.buffers[1].shape
     return 2 * N * K, (N + N * K + K) * f4
-  if name == "conv2d":
-    N, CO, H, W = case.buffers[0].shape[:4]
-    CI = case.buffers[1].shape[1]
-    return 2 * N * CO * H * W * CI * 9, (N * CO * H * W + N * CI * H * W + CO * CI * 9) * f4
+  if name in ("conv2d", "conv2d_s2"):
+    N, CO, Ho, Wo = case.buffers[0].shape[:4]
+    CI, H, W = case.buffers[1].shape[1:]
+    return 2 * N * CO * Ho * Wo * CI * 9, (N * CO * Ho * Wo + N * CI * H * W + CO * CI * 9) * f4
   numel = {b.idx: b.numel * b.dtype.itemsize for b in case.buffers}
   inp = case.buffers[-1].numel
   per = {"add": 1, "broadcast_add": 1, "copy": 0, "const": 0, "pad": 1, "two_outputs": 2, "int_ops": 8,

@@ -6,6 +6,7 @@ import pytest
 from kernopt.dtype import dtypes
 from kernopt.errors import CompileError, LaunchError, UnsupportedError
 from kernopt.helpers import config_override
+from kernopt.kernel import Kernel
 from kernopt.ops import BinaryOps, TernaryOps, UnaryOps, exec_alu
 from kernopt.renderers import BufferArg, Program
 from kernopt.renderers.opencl import OpenCLRenderer
@@ -508,6 +509,23 @@ def test_cpu_profile_pads_an_odd_output_axis_to_two_vectors(dev):
   got, opts, _ = _run_ast(dev, _mm_ast(M, N, K), r, {1: a, 2: b}, M * N)
   assert (opts[0].op, opts[0].amt) == (OptOps.PADTO, 2 * w) and opts[1].op is OptOps.UPCAST
   np.testing.assert_allclose(got.reshape(M, N), a @ b, rtol=1e-4, atol=1e-4)
+
+def test_cpu_profile_strided_conv_tiles_channels_by_a_gathered_vector(dev):
+  """The reference's stride-2 conv (8x16x32x32 -> 32, its own two-View AST): rule opencl.strided_conv's tile, and the
+  reference's own outputs."""
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "reference"))
+  from kernopt_rows import RowProgram, check_reference
+  from translate import load_rows
+  ref = load_rows()["conv_16x32_s2"]
+  prog = RowProgram(dev, ref, True)
+  k = Kernel(ref.kernels[0].ast, opts=dev.renderer).required_optimizations()
+  k.hand_coded_optimizations()
+  if dev.renderer.caps.heuristics == "opencl_cpu":
+    assert "opencl.strided_conv" in [d.rule for d in k.explain()]
+  prog.run()
+  check_reference(ref, prog.output())
 
 def test_cpu_profile_conv_like_short_reduce_keeps_8_accumulators(dev):
   from kernopt.opt import OptOps

@@ -321,7 +321,7 @@ def test_catalogue_reference_matches_ast(name):
 
 def test_catalogue_shape():
   names = [c.name for c in C.catalogue("small")]
-  assert names == [c.name for c in C.catalogue("large")] and len(set(names)) == len(names) == 32
+  assert names == [c.name for c in C.catalogue("large")] and len(set(names)) == len(names) == 33
   for c in C.catalogue("small"):
     ins = c.inputs(np.random.default_rng(0))
     assert {b.idx for b in c.buffers} == {x.arg.idx for x in c.ast.lazyops if x.op in (BufferOps.LOAD, BufferOps.STORE)}
