@@ -632,13 +632,25 @@ def _var_vals(rng: random.Random, vars_: list[Variable]) -> list[dict[str, int]]
   if rng.random() < 0.5: ret[1] = {v.expr: rng.randint(v.min, v.max) for v in vars_}
   return ret if ret[0] != ret[1] else ret[:1]
 
-def _tol(v: V, ast_store: LazyOp) -> float:
-  if v.dt not in FLOATS or v.exact: return 0.0
+def _float_tol(ast_store: LazyOp) -> float:
+  """The tolerance of an inexact float output: by the narrowest float dtype anywhere in its tree."""
   dts = {x.dtype for x in ast_store.lazyops if x.dtype is not None} | {x.arg for x in ast_store.lazyops
                                                                         if x.op is UnaryOps.CAST}
   if BF16 in dts: return 6e-2
   if F16 in dts: return 3e-2
   return 2e-4
+
+def _tol(v: V, ast_store: LazyOp) -> float:
+  return 0.0 if v.dt not in FLOATS or v.exact else _float_tol(ast_store)
+
+_INEXACT = (UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT, UnaryOps.RECIP)
+
+def _shrunk_tol(tol: float, ast_store: LazyOp) -> float:
+  """A shrunk output's tolerance: the original's, unless the original was exact and the shrunk tree computes a float
+  through an op that rounds (a transcendental, RECIP or float IDIV: a subtree the original never compared exactly)."""
+  if tol or ast_store.arg.dtype not in FLOATS: return tol
+  inexact = any(x.op in _INEXACT or (x.op is BinaryOps.IDIV and x.dtype in FLOATS) for x in ast_store.lazyops)
+  return _float_tol(ast_store) if inexact else tol
 
 def generate_case(seed: int, index: int) -> Case:
   """The index-th case of seed (deterministic): a verified AST with its inputs."""
@@ -1101,7 +1113,8 @@ def _with_ast(case: Case, ast: LazyOp, extra_inputs: Optional[dict] = None) -> C
   ast_dts = {x.arg.idx: x.arg.dtype for x in ast.lazyops if x.op in (BufferOps.LOAD, BufferOps.STORE)}
   for i, a in (extra_inputs or {}).items(): sizes[i], dts[i] = a.size, ast_dts[i]   # a new buffer: its LOAD's dtype
   outs = [s.arg.idx for s in ast.src]
-  return Case(ast, sizes, dts, outs, inputs, case.var_vals, {i: case.tols[i] for i in outs},
+  tols = {s.arg.idx: _shrunk_tol(case.tols[s.arg.idx], s) for s in ast.src}
+  return Case(ast, sizes, dts, outs, inputs, case.var_vals, tols,
               {i for i in case.wild if i in outs}, case.tags, case.seed)
 
 def _replace(ast: LazyOp, old: LazyOp, new: LazyOp) -> LazyOp:
@@ -1253,6 +1266,17 @@ if __name__ != "__main__":
     record_property("coverage", table)
     _write_stats(stats, f"chunk{chunk}-seed{seed}-start{FUZZ_AST_START}")   # cases [start, start + asts)
     assert not fails, f"{len(fails)} failures (regressions saved: {saved}):\n" + "\n".join(str(f) for f in fails[:8])
+
+  def test_a_shrunk_inexact_float_output_is_not_compared_exactly() -> None:
+    """Shrinking can replace an exact output by the subtree of an inexact branch (the bf16 SQRT / 1.75 'mismatch'):
+    the shrunk output gets its dtype's tolerance; an exact subtree, or an int output, keeps the original's."""
+    from kernopt import ast as A
+    c = A.const(1.75, BF16, (4,))
+    inexact = A.kernel(A.store(0, A.idiv(A.sqrt(c), c))).src[0]
+    exact = A.kernel(A.store(0, A.add(c, c))).src[0]
+    ints = A.kernel(A.store(0, A.load(1, dtypes.int32, (4,)))).src[0]
+    assert _shrunk_tol(0.0, inexact) == 6e-2 and _shrunk_tol(0.0, exact) == 0.0 and _shrunk_tol(0.0, ints) == 0.0
+    assert _shrunk_tol(2e-4, exact) == 2e-4
 
   def test_generated_asts_verify_and_round_trip() -> None:
     for i in range(40):
