@@ -106,6 +106,7 @@ def _rebuilt() -> dict:
   ret["matvec"] = A.kernel(A.store(0, A.sum(A.mul(ld(1, f, (N, K)), A.expand(A.reshape(ld(2, f, (K,)), (1, K)),
                                                                                 (N, K))), 1)))
   ret["conv2d"] = conv2d(*S["conv"])
+  ret["conv2d_s2"] = conv2d(*S["conv_s2"], stride=2)
   H, W = S["image"]
   img, ishp = dtypes.imagef((H, W, 4)), (H, W, 4)
   ret["image_in"] = A.kernel(A.store(0, A.mul(ld(1, img, ishp), A.const(2.0, f, ishp))))
@@ -135,11 +136,13 @@ def matmul(M: int, N: int, K: int, din=f, dout=None) -> A.LazyOp:
   prod = A.mul(a, b)
   return A.kernel(A.store(0, A.sum(A.cast(prod, dout) if dout is not None else prod, 2)))
 
-def conv2d(N: int, CI: int, H: int, W: int, CO: int) -> A.LazyOp:
-  """3x3 conv with padding 1: the padded input read through a window view (ky/y and kx/x share a stride)."""
-  Hp, Wp, full = H + 2, W + 2, (N, CO, H, W, CI, 3, 3)
+def conv2d(N: int, CI: int, H: int, W: int, CO: int, stride: int = 1) -> A.LazyOp:
+  """3x3 conv with padding 1: the padded input read through a window view (ky/y and kx/x share a stride; at stride
+  2 the output axes step twice as far)."""
+  Hp, Wp, Ho, Wo = H + 2, W + 2, (H - 1) // stride + 1, (W - 1) // stride + 1
+  full = (N, CO, Ho, Wo, CI, 3, 3)
   x = A.pad(A.load(1, f, (N, CI, H, W)), ((0, 0), (0, 0), (1, 1), (1, 1)))
-  xw = A.compose(x, A.view(full, (CI * Hp * Wp, 0, Wp, 1, Hp * Wp, Wp, 1)))
+  xw = A.compose(x, A.view(full, (CI * Hp * Wp, 0, stride * Wp, stride, Hp * Wp, Wp, 1)))
   w = A.expand(A.reshape(A.load(2, f, (CO, CI, 3, 3)), (1, CO, 1, 1, CI, 3, 3)), full)
   return A.kernel(A.store(0, A.sum(A.mul(xw, w), (4, 5, 6))))
 
