@@ -141,12 +141,7 @@ class ShapeTracker:
       size = self.size
       if type(size) is int and size == 0: return NumNode(0), NumNode(0)
       idx = Variable("idx", 0, (size if type(size) is int else size.max) - 1)  # type: ignore
-    acc: sint = 1
-    idxs: list[Node] = []
-    for d in reversed(self.shape):
-      idxs.append((idx // acc) % d)
-      acc = acc * d
-    return self.expr_idxs(idxs[::-1])
+    return self.expr_idxs(unflatten(self.shape, idx))
 
   def real_size(self) -> int:
     """One past the largest buffer position any valid element can address (0 when none is valid)."""
@@ -234,14 +229,18 @@ class ShapeTracker:
     valid_vars = st.expr_idxs()[1].vars()
     return tuple(v in valid_vars for v in _idx_vars(self.shape))
 
+def unflatten(shape: tuple[sint, ...], idx: Node) -> list[Node]:
+  """The per-axis indices of flat (C-order) position idx over shape."""
+  acc: sint = 1
+  out: list[Node] = []
+  for d in reversed(shape):
+    out.append((idx // acc) % d)
+    acc = acc * d
+  return out[::-1]
+
 def _unflatten(view: View, idx: Node) -> tuple[Node, list[tuple[Node, sint, sint]]]:
   """view's index and mask conditions at flat (C-order) position idx."""
-  acc: sint = 1
-  unflat: list[Node] = []
-  for d in reversed(view.shape):
-    unflat.append((idx // acc) % d)
-    acc = acc * d
-  return view.expr_conds(unflat[::-1])
+  return view.expr_conds(unflatten(view.shape, idx))
 
 def bounds_union(bounds: Sequence[tuple[sint, sint]]) -> tuple[sint, sint]:
   """One (lo, hi) holding every non-empty range of bounds: an expression where the order is provable, else the
