@@ -12,6 +12,8 @@ from kernopt.lower_vectors import Lanes, Scalar, VectorPlan, Vecs
 from kernopt.ops import BinaryOps, LazyOp, ReduceOps, TernaryOps, WMMAArg
 from kernopt.uops import UOp, UOps
 
+_F32 = dtypes.float32
+STORAGE_FLOATS = (dtypes.half, dtypes.bfloat16)   # reduced in float32 (see _reduce)
 MAX_ACCS = 32   # independent accumulators of one reduce, at most (CPU registers)
 
 class ReduceLowering:
@@ -58,13 +60,24 @@ class ReduceLowering:
     if x.src[0].op is ReduceOps.WMMA:
       if x.op is not ReduceOps.SUM: raise UnsupportedError(f"{x.op} over a WMMA (only SUM accumulates tensor cores)")
       return self._wmma(x.src[0], tuple(self.range_of[a] for a in sorted(x.arg) if a < fu), ups)
-    dt = value_dtype(x.dtype)
+    out_dt = value_dtype(x.dtype)
+    # a half or bfloat16 SUM accumulates in float and is rounded once, at the end (DESIGN: storage floats are
+    # computed in float); rounding the accumulator after every addition loses the small terms of a long sum
+    dt = _F32 if x.op is ReduceOps.SUM and out_dt in STORAGE_FLOATS else out_dt
     op = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}[x.op]  # type: ignore[index]
     init = dtypes.as_const(0 if x.op is ReduceOps.SUM else dtypes.min(dt), dt)
-    if any(self.full_shape[a] == 0 for a in x.arg): return [UOp.const(dt, init)] * len(self.lanes)  # empty: identity
+    if any(self.full_shape[a] == 0 for a in x.arg): return [UOp.const(out_dt, init)] * len(self.lanes)  # identity
     loops, sub = self._reduce_loops(x)
     if self.vp is not None and x in self.vp.vector: return self._vector_reduce(x, op, dt, init, loops, sub, ups)
     src = self.lanes_of(x.src[0])
+    if dt != out_dt:
+      src = [u.cast(dt) for u in src]
+      return [u.cast(out_dt) for u in self._scalar_reduce(op, dt, init, loops, sub, ups, src)]
+    return self._scalar_reduce(op, dt, init, loops, sub, ups, src)
+
+  def _scalar_reduce(self, op: BinaryOps, dt: DType, init: Any, loops: tuple[UOp, ...], sub: dict[UOp, UOp],
+                     ups: list[int], src: list[UOp]) -> list[UOp]:
+    """A reduce of scalar source lanes over `loops` and the upcast axes `ups`, accumulated in dt."""
     if sub:
       memo: dict[UOp, UOp] = {}
       src = [substitute(u, sub, memo) for u in src]

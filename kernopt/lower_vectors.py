@@ -57,8 +57,9 @@ def plan(lw: Any, ast: LazyOp) -> Optional[VectorPlan]:
   w = c.vector_width
   if w < 2 or c.has_local or c.supports_float4 or c.supports_images or len(lw.lanes) < w: return None
   if any(x.op is ReduceOps.WMMA or (x.op in (BufferOps.LOAD, BufferOps.STORE) and
-                                    (x.arg.idx < 0 or isinstance(x.arg.dtype, ImageDType))) for x in ast.lazyops):
-    return None
+                                    (x.arg.idx < 0 or isinstance(x.arg.dtype, ImageDType))) or
+         (x.op is ReduceOps.SUM and x.dtype in (dtypes.half, dtypes.bfloat16)) for x in ast.lazyops):
+    return None   # (a storage-float SUM accumulates in float: lower_reduce does it on scalar lanes)
   # padded loads stay scalar lanes where the borders pass versions them (it reads the lanes' gates; vectorize then
   # packs the plain interior)
   if c.split_borders and any(x.op is BufferOps.LOAD and any(v.mask is not None for v in x.arg.st.views)

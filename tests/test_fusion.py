@@ -454,3 +454,28 @@ def test_multi_reduce_cpu_rule_falls_back() -> None:
   assert not k.hand_coded_optimizations().applied_opts or all(d.rule != "cpu.multi_reduce" or d.opt is None
                                                                for d in k.explain())
   assert [d.reason for d in k.explain() if d.rule == "cpu.multi_reduce"][-1].startswith("no Opt applied")
+
+# ***** storage floats: a half or bfloat16 SUM accumulates in float32, rounded once *****
+
+def _storage_sum_cases() -> list[tuple[DType, list[Opt]]]:
+  opt_sets: list[list[Opt]] = [[], [Opt(OptOps.UNROLL, 0, 4)], [Opt(OptOps.UPCAST, 0, 4), Opt(OptOps.UNROLL, 0, 8)]]
+  return [(dt, opts) for dt in (dtypes.half, dtypes.bfloat16) for opts in opt_sets]
+
+@pytest.mark.parametrize("dt,opts", _storage_sum_cases(), ids=lambda x: str(x))
+def test_storage_float_sum_rounds_once(device: Any, dt: DType, opts: list[Opt]) -> None:
+  """Rows of 4096 values in [0.5, 1): rounding the accumulator to the storage dtype after every addition would stall
+  a bf16 row near 512 and a half row near 2048 (the spacing there exceeds twice the summand), far from the ~3070 the
+  row sums to. Accumulated in float32, the result is the float64 row sum rounded once to dt."""
+  from tests.ast_oracle import from_storage, to_storage   # the numpy oracle's rounding to nearest even
+  rows, n = 8, 4096
+  ast = A.kernel(A.store(0, A.sum(A.load(1, dt, (rows, n)), 1)))
+  k = Kernel(ast, opts=device.renderer)
+  for o in opts: k.apply_opt(o)
+  x = to_storage(np.random.default_rng(5).uniform(0.5, 1.0, (rows, n)), dt)
+  a, out = Buffer(device, rows * n, dt).copyin(x.reshape(-1)), Buffer(device, rows, dt)
+  device.compile(k.to_program())(out, a, wait=True)
+  want = to_storage(from_storage(x, dt).astype(np.float64).sum(axis=1), dt)
+  got = from_storage(out.numpy(), dt).astype(np.float64)
+  # one rounding of the sum, plus float32 accumulation error over 4096 terms (far below half's or bf16's ulp)
+  rtol = 2.0 ** -(8 if dt == dtypes.bfloat16 else 10)
+  np.testing.assert_allclose(got, from_storage(want, dt).astype(np.float64), rtol=rtol)
