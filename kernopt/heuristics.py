@@ -296,6 +296,19 @@ def is_conv(k: Kernel) -> bool:
   """A reduce with a window: some reduce axis of at most 3 elements (a 3x3 kernel's ky, kx)."""
   return any(_is_int(s) and s <= 3 for s in k.full_shape[k.first_reduce:k.shape_len - k.upcasted])
 
+def window_row_axis(k: Kernel, vaxis: int) -> Optional[int]:
+  """An output axis other than vaxis along which a window slides: some input has on it the same nonzero stride as
+  on a window axis (a reduce axis of at most 3 still in loops), so neighbouring outputs along it read overlapping
+  rows (a depthwise conv's output rows: 4 rows upcast read 6 image rows instead of 12). The last such axis."""
+  end = k.shape_len - k.upcasted
+  window = [r for r in range(k.first_reduce, end) if _is_int(s := k.full_shape[r]) and s <= 3]
+  for axis in reversed(range(k.first_reduce)):
+    if axis == vaxis or not _is_int(size := k.full_shape[axis]) or size < 2: continue
+    for i in input_bufs(k):
+      st = strides(k, i)
+      if _is_int(st[axis]) and st[axis] != 0 and any(st[r] == st[axis] for r in window): return axis
+  return None
+
 def strided_vector_axis(k: Kernel, width: int) -> Optional[int]:
   """The last output axis that width divides, unit-stride in every output and broadcast in some input (the weights),
   at a constant stride in every input: a strided convolution's output columns, whose image lanes are gathered."""

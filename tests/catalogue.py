@@ -239,6 +239,26 @@ def conv2d_s2_ast(N: int, CI: int, H: int, W: int, CO: int) -> LazyOp:
   wgt = buf(2, full, st=view(full, (0, CI * 9, 0, 0, 9, 3, 1)))
   return kernel(store(reduce(ReduceOps.SUM, alu(BinaryOps.MUL, inp, wgt), (4, 5, 6))))
 
+def dwconv2d_ast(N: int, C: int, H: int, W: int) -> LazyOp:
+  """A depthwise 3x3 conv with padding 1, out[n, c, y, x] = sum_{ky, kx} pad(inp)[n, c, y+ky, x+kx] * w[c, ky, kx],
+  over the full shape (N, C, H, W, 3, 3): no output axis broadcasts the image (each channel reads its own)."""
+  Hp, Wp = H + 2, W + 2
+  full = (N, C, H, W, 3, 3)
+  padded = ShapeTracker.from_shape((N, C, H, W)).pad(((0, 0), (0, 0), (1, 1), (1, 1)))
+  window = View.create(full, (C * Hp * Wp, Hp * Wp, Wp, 1, Wp, 1))
+  inp = buf(1, full, st=ShapeTracker(padded.views + (window,)))
+  wgt = buf(2, full, st=view(full, (0, 9, 0, 0, 3, 1)))
+  return kernel(store(reduce(ReduceOps.SUM, alu(BinaryOps.MUL, inp, wgt), (4, 5))))
+
+def dwconv2d_numpy(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+  """dwconv2d_ast's result for x of shape (N, C, H, W) and w of (C, 3, 3), in float64, shaped (N, C, H, W)."""
+  N, C, H, W = x.shape
+  xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+  out = np.zeros((N, C, H, W))
+  for ky in range(3):
+    for kx in range(3): out += xp[:, :, ky:ky + H, kx:kx + W] * w[None, :, ky, kx, None, None]
+  return out
+
 def _conv2d_s2(S: dict) -> Case:
   N, CI, H, W, CO = S["conv_s2"]
   Ho, Wo = (H - 1) // 2 + 1, (W - 1) // 2 + 1

@@ -33,7 +33,8 @@ def extra_cases() -> list:
   """(label, AST, renderer, knobs) for the rules no catalogue case reaches under the default knobs."""
   empty = kernel(store(reduce(ReduceOps.SUM, buf(1, (16, 0)), (1,))))
   return [("nolocals", catalogue.get("add").ast, get_renderer("OPENCL"), {"NOLOCALS": 1}),
-          ("empty", empty, get_renderer("CPU"), {})]
+          ("empty", empty, get_renderer("CPU"), {}),
+          ("dwconv", catalogue.dwconv2d_ast(1, 4, 8, 16), replay.profiles()["opencl_cpu"](), {})]
 
 @pytest.fixture(scope="module")
 def runs() -> list:

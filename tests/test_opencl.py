@@ -510,6 +510,20 @@ def test_cpu_profile_pads_an_odd_output_axis_to_two_vectors(dev):
   assert (opts[0].op, opts[0].amt) == (OptOps.PADTO, 2 * w) and opts[1].op is OptOps.UPCAST
   np.testing.assert_allclose(got.reshape(M, N), a @ b, rtol=1e-4, atol=1e-4)
 
+@pytest.mark.parametrize("w", [4, 8])
+def test_cpu_profile_depthwise_conv_upcasts_window_rows(dev, w):
+  """A depthwise conv (no broadcast row axis): one vector of columns, 4 output rows of the window's slide (rule
+  opencl.window_rows), the whole window unrolled, and a row's column vectors in one work-group; numpy's numbers."""
+  from tests.catalogue import dwconv2d_ast, dwconv2d_numpy
+  r = _cpu_profile(dev, w)
+  N, C, H, W = 1, 3, 8, 2 * w
+  rng = np.random.default_rng(w)
+  x, wt = rng.standard_normal((N, C, H, W), dtype=np.float32), rng.standard_normal((C, 3, 3), dtype=np.float32)
+  got, opts, _ = _run_ast(dev, dwconv2d_ast(N, C, H, W), r, {1: x, 2: wt}, N * C * H * W)
+  assert [(o.op.name, o.axis, o.amt) for o in opts] == [("UPCAST", 2, w), ("UPCAST", 1, 4), ("UNROLL", 1, 0),
+                                                        ("UNROLL", 0, 0), ("LOCAL", 2, 2)], opts
+  np.testing.assert_allclose(got.reshape(N, C, H, W), dwconv2d_numpy(x, wt), rtol=1e-5, atol=1e-5)
+
 def test_cpu_profile_strided_conv_tiles_channels_by_a_gathered_vector(dev):
   """The reference's stride-2 conv (8x16x32x32 -> 32, its own two-View AST): rule opencl.strided_conv's tile, and the
   reference's own outputs."""
