@@ -3,7 +3,7 @@
 lanes the renderer packs into floatN ops, and work-groups big enough that PoCL's per-group cost is amortized. Only
 existing OptOps are used, so every choice is checked like any other; a kernel no rule fits gets the spec's
 heuristics. Every step records a Decision (heuristics.decide/apply) naming a rule of RULES. Imports dtype,
-heuristics, heuristics_registry, opt and kernel; the Kernel only as a type (it is passed in), and this module
+heuristics, heuristics_registry, ops, opt and kernel; the Kernel only as a type (it is passed in), and this module
 registers hand_coded_opencl as the "opencl_cpu" profile."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Optional, TypeGuard
@@ -11,6 +11,7 @@ from kernopt.dtype import ImageDType, dtypes
 from kernopt.heuristics import (buffer_strides, decide, input_bufs, is_conv, output_bufs, pad_axis,
                                 strided_vector_axis, strides, try_apply, vector_axis, window_row_axis)
 from kernopt.heuristics_registry import register_heuristics
+from kernopt.ops import UnaryOps
 from kernopt.opt import Opt, OptOps
 
 if TYPE_CHECKING: from kernopt.kernel import Kernel
@@ -26,9 +27,10 @@ def _int(x: object) -> TypeGuard[int]: return type(x) is int
 RULES: dict[str, str] = {
   "opencl.profile": "the OpenCL CPU rules need float32 buffers (no images), nothing upcast, local or grouped and a "
                     "vector width >= 2",
-  "opencl.elementwise": "elementwise: UPCAST ELEMENTWISE_LANES scalar lanes along a contiguous axis",
+  "opencl.elementwise": "elementwise: UPCAST ELEMENTWISE_LANES scalar lanes along a contiguous axis (the vector width, "
+                        "packed, when the kernel has exp2, log2 or sin)",
   "opencl.group": "LOCAL the last global axis into work-groups of up to ELEMENTWISE_GROUP (STREAM_GROUP when "
-                  "stores stream) items, keeping 2 groups",
+                  "stores stream) items: the largest power of two, or the whole axis, leaving 2 groups in all",
   "opencl.tile_columns": "a reduce with a vector axis: UPCAST it by two vectors (with a row axis) or one",
   "opencl.tile_rows": "UPCAST the row axis so the tile holds 8 (8 x 2 on a long reduce) vector accumulators",
   "opencl.tile_unroll": "UNROLL the tile's last reduce axis: whole when at most 3, by 2 under an 8 x 2 tile, else by 4",
@@ -88,10 +90,16 @@ def _elementwise(k: Kernel, width: int) -> bool:
   """A few scalar lanes per work-item (fewer than the packed width, so they stay scalar and PoCL's work-item loop
   vectorizer sees contiguous accesses across work-items) and work-groups of ELEMENTWISE_GROUP items; of STREAM_GROUP
   when the output is big enough for the renderer to stream it (its sfence per work-group, interleaved on PoCL:
-  a+b 4096^2 31.4 GB/s with groups of 1024 as without the fence, 14.2 with groups of 64 and an mfence)."""
+  a+b 4096^2 31.4 GB/s with groups of 1024 as without the fence, 14.2 with groups of 64 and an mfence). A kernel
+  with exp2, log2 or sin gets packed lanes of the vector width instead: the reference's softmax exp-and-scale
+  (4096 x 1024) on PoCL, 30 interleaved rounds, 27.0 ms with 4 scalar lanes, 3.8 with float8 lanes."""
   rule = "opencl.elementwise"
   lanes = ELEMENTWISE_LANES if ELEMENTWISE_LANES < width else 1
   axis = vector_axis(k, lanes) if lanes > 1 else None
+  if (calls := _library_calls(k)) and (vaxis := vector_axis(k, width)) is not None:
+    # PoCL's work-item loop vectorizer leaves exp2/log2/sin as one scalar call per element; packed floatN lanes call
+    # its vector builtins instead
+    lanes, axis = width, vaxis
   if axis is None:
     outs = output_bufs(k)
     axis = next((a for a in reversed(range(k.first_reduce)) if all(strides(k, i)[a] == 1 for i in outs)), None)
@@ -100,7 +108,9 @@ def _elementwise(k: Kernel, width: int) -> bool:
       return False
     decide(k, rule, f"vector width {width} leaves no scalar lanes" if lanes == 1 else
            f"no contiguous axis of a multiple of {lanes}: no lanes", lanes=lanes, vector_width=width)
-  elif not try_apply(k, rule, Opt(OptOps.UPCAST, axis, lanes), f"{lanes} scalar lanes, fewer than the vector width",
+  elif not try_apply(k, rule, Opt(OptOps.UPCAST, axis, lanes),
+                     f"{lanes} packed lanes: {', '.join(calls)} as vector builtins" if lanes == width else
+                     f"{lanes} scalar lanes, fewer than the vector width",
                      axis=axis, size=k.full_shape[axis], buffer_strides=buffer_strides(k, axis), vector_width=width):
     decide(k, rule, f"UPCAST of axis {axis} by {lanes} refused: the spec's rules decide", axis=axis)
     return False
@@ -111,6 +121,13 @@ def _elementwise(k: Kernel, width: int) -> bool:
   _group(k, threads, f"{items} items, streamed stores: one sfence per group" if streamed else
          f"{items} items, {'lanes' if lanes > 1 else 'no lanes'}: PoCL's per-group cost amortized")
   return True
+
+LIBRARY_CALLS = (UnaryOps.EXP2, UnaryOps.LOG2, UnaryOps.SIN)   # ops PoCL computes by a call to its builtins
+
+def _library_calls(k: Kernel) -> tuple[str, ...]:
+  """The names of the LIBRARY_CALLS ops in k's AST."""
+  ops = {x.op for x in k.ast.lazyops}
+  return tuple(op.name for op in LIBRARY_CALLS if op in ops)
 
 def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   """A register tile of rows x (one or two vectors) accumulators, then the last reduce axis unrolled, then row blocks
@@ -268,7 +285,9 @@ def _contiguous_reduce(k: Kernel, width: int) -> bool:
 
 def _group(k: Kernel, threads: int, why: str) -> None:
   """Make up to `threads` work-items of the last global axis one work-group (PoCL runs a group's items as a loop
-  on one core), keeping at least 2 groups on that axis so every core gets work."""
+  on one core), keeping at least 2 groups in all so every core gets work. A whole row per group where it fits: the
+  reference's layernorm normalize (4096 rows of 1024, streamed) on PoCL, 40 interleaved rounds: 128 items (half a
+  row, when each axis had to keep 2 groups) 4.84 ms, 256 (the row) 3.24."""
   rule = "opencl.group"
   if not k.opts.caps.has_local:
     decide(k, rule, "no local threads", has_local=False)
@@ -276,8 +295,12 @@ def _group(k: Kernel, threads: int, why: str) -> None:
   for axis in reversed(range(k.first_reduce)):
     size = k.full_shape[axis]
     if not _int(size) or size < 4: continue
-    for amt in (threads, 128, 64, 32, 16, 8, 4, 2):
-      if amt <= threads and size % amt == 0 and size // amt >= 2 and \
+    others = 1
+    for a in range(k.first_reduce):
+      if a != axis: others *= n if _int(n := k.full_shape[a]) else 1
+    # the largest power of two (or the whole axis) within threads that leaves at least 2 groups in all
+    for amt in sorted({size, *(1 << p for p in range(1, threads.bit_length()))}, reverse=True):
+      if amt <= threads and size % amt == 0 and size // amt * others >= 2 and \
          try_apply(k, rule, Opt(OptOps.LOCAL, axis, amt), why, axis=axis, size=size, threads=threads): return
     decide(k, rule, f"no group of at most {threads} divides axis {axis} leaving 2 groups", axis=axis, size=size,
            threads=threads)

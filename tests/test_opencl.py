@@ -587,6 +587,43 @@ def test_cpu_profile_big_elementwise_stores_are_non_temporal_and_fenced(dev):
     src = Kernel(a, opts=rr).hand_coded_optimizations().to_program().src
     assert "nontemporal" not in src and "sfence" not in src
 
+@pytest.mark.parametrize("w", [4, 8])
+def test_cpu_profile_exp2_elementwise_packs_lanes_of_the_vector_width(dev, w):
+  """An elementwise kernel with exp2 gets w packed lanes (rule opencl.elementwise: PoCL's vector builtins instead of
+  a scalar call per element), where a plain one keeps ELEMENTWISE_LANES scalar lanes; numpy's exp2(x) * x within
+  4 ulp (OpenCL allows exp2 3)."""
+  from tests.catalogue import buf as lbuf, kernel, store
+  from kernopt.heuristics_opencl import ELEMENTWISE_LANES
+  r = _cpu_profile(dev, w)
+  shp = (16, 8 * w)
+  x = np.random.default_rng(w).uniform(-20, 20, shp).astype(np.float32)
+  ast = kernel(store(alu_ast(BinaryOps.MUL, alu_ast(UnaryOps.EXP2, lbuf(1, shp)), lbuf(1, shp))))
+  got, opts, src = _run_ast(dev, ast, r, {1: x}, x.size)
+  assert (opts[0].op.name, opts[0].amt) == ("UPCAST", w) and f"float{w}" in src, opts
+  np.testing.assert_allclose(got.reshape(shp), np.exp2(x.astype(np.float64)) * x, rtol=4 * 2.0 ** -23)
+  plain = kernel(store(alu_ast(BinaryOps.MUL, lbuf(1, shp), lbuf(1, shp))))
+  _, popts, _ = _run_ast(dev, plain, r, {1: x}, x.size)
+  assert popts[0].amt == (ELEMENTWISE_LANES if ELEMENTWISE_LANES < w else popts[0].amt), popts
+
+def test_cpu_profile_streamed_rows_make_a_work_group_each(dev):
+  """A streamed elementwise kernel whose rows don't merge (a per-row input: layernorm's normalize) makes each row's
+  work-items one work-group, since the rows leave enough groups (rule opencl.group); exactly numpy's numbers."""
+  from tests.catalogue import buf as lbuf, kernel, store, view
+  from kernopt.heuristics_opencl import ELEMENTWISE_LANES
+  from kernopt.renderers.opencl import STREAM_MIN
+  r = _cpu_profile(dev)
+  if not r.caps.stream_stores: pytest.skip("non-temporal stores need PoCL on x86-64")
+  R, C = STREAM_MIN // 1024, 1024
+  rng = np.random.default_rng(8)
+  x, m, sc = (rng.standard_normal(n, dtype=np.float32) for n in (R * C, R, R))
+  row = lambda i: lbuf(i, (R, C), st=view((R, C), (1, 0)))  # noqa: E731
+  ast = kernel(store(alu_ast(BinaryOps.MUL, alu_ast(BinaryOps.ADD, lbuf(1, (R, C)), alu_ast(UnaryOps.NEG, row(2))),
+                             row(3))))
+  got, opts, src = _run_ast(dev, ast, r, {1: x, 2: m, 3: sc}, R * C)
+  assert [(o.op.name, o.amt) for o in opts] == [("UPCAST", ELEMENTWISE_LANES), ("LOCAL", C // ELEMENTWISE_LANES)]
+  assert "__builtin_nontemporal_store(" in src
+  np.testing.assert_array_equal(got.reshape(R, C), (x.reshape(R, C) - m[:, None]) * sc[:, None])
+
 @pytest.mark.parametrize("opts", [[(OptOps_("UPCAST"), 0, 8), (OptOps_("LOCAL"), 0, 16)],
                                   [(OptOps_("NOLOCALS"), None, None)],
                                   [(OptOps_("UPCAST"), 0, 2), (OptOps_("LOCAL"), 0, 2)]],
