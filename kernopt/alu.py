@@ -92,6 +92,19 @@ def truncate_float(x: float, dt: DType) -> float:
     return struct.unpack("f", struct.pack("I", bits))[0]
   raise ValueError(f"{dt} is not a float type")
 
+def cast_value(x: Any, dt: DType) -> Any:
+  """The op table's CAST of a Python scalar to dt: to a float rounded to nearest even; to bool x != 0; an int
+  wraps to dt's range; a float truncates toward zero, and one whose truncation dt cannot hold (or NaN, inf) gives 0
+  (C leaves it undefined; every dialect spells this)."""
+  dt = dt.scalar()
+  if dtypes.is_float(dt): return truncate_float(float(x), dt)
+  if dt == dtypes.bool: return bool(x)
+  if isinstance(x, float):
+    if not math.isfinite(x): return 0
+    t = math.trunc(x)
+    return t if dtypes.min(dt) <= t <= dtypes.max(dt) else 0
+  return dtypes.as_const(x, dt)
+
 def alu_result_dtype(op: ALUOp, src_dtypes: tuple[DType, ...]) -> DType:
   """The dtype an ALU op produces from operands of src_dtypes (comparisons give bool; WHERE its branches' type)."""
   if op in (BinaryOps.CMPLT, BinaryOps.CMPNE): return dtypes.bool

@@ -45,6 +45,7 @@ def _program(ast: LazyOp, device: Union[str, Compiled, None], beam: Optional[int
              want_kernel: bool) -> tuple[Program, Optional[Kernel]]:
   """`program`, and the optimized Kernel when want_kernel (rebuilt without rendering on a program-cache hit)."""
   if not isinstance(ast, LazyOp): raise VerifyError(f"compile takes a LazyOp AST, got {type(ast).__name__}")
+  if not isinstance(cache, bool): raise VerifyError(f"cache must be a bool, got {type(cache).__name__} {cache!r}")
   debug.forget_cache_events()   # DEBUG=1 reports the caches' answers for this kernel from here on
   dev = _device(device)
   width = getconfig().BEAM if beam is None else beam
@@ -93,6 +94,7 @@ def compile_many(asts: Iterable[LazyOp], device: Union[str, Compiled, None] = No
   """`compile` of every AST, in input order: the Programs are made here, one after the other, and each goes to the
   device compiler as soon as it is made, `workers` compiles at once (default: the usable cores; each compiler is its
   own process). A failed AST gives its KernoptError in its place; the others are unaffected."""
+  if isinstance(asts, LazyOp): raise VerifyError("compile_many takes an iterable of ASTs, got one LazyOp: use compile")
   dev = _device(device)
   n = workers if workers is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
   if not isinstance(n, int) or isinstance(n, bool) or n < 1:

@@ -1,12 +1,13 @@
 """The optimized AST a Kernel hands the lowerer: each buffer viewed through its optimized tracker, reduce args set to
 the reduced axes, GROUP reduces split through a local buffer, tensor-core reduces replaced by WMMA over operands
-permuted into the vendor's layout, and KernelInfo on the KERNEL. Imports errors, shape/, ops, renderers, helpers,
-loop_nest and tensor_core_fit."""
+permuted into the vendor's layout, and KernelInfo on the KERNEL. Imports dtype, errors, shape/, ops, renderers,
+helpers, loop_nest and tensor_core_fit."""
 from __future__ import annotations
 import functools
 from dataclasses import replace
 from typing import Callable, Optional
 from kernopt import ops
+from kernopt.dtype import dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.helpers import prod
 from kernopt.loop_nest import LoopNest
@@ -74,8 +75,13 @@ def optimized_ast(k: LoopNest) -> LazyOp:
                   tuple(x[0] for x in k.upcasted_axis(0))
     dt = first.dtype
     assert dt is not None, "a reduce op always has a dtype"
-    local = MemBuffer(-1, dt, ShapeTracker.from_shape(local_shape))
+    # a half or bfloat16 SUM's partial sums stay float32 through the local buffer, rounded once at the end as without
+    # the GROUP (lower_reduce): a partial rounded to half overflows where the whole sum doesn't
+    wide = op.op is ReduceOps.SUM and dt in (dtypes.half, dtypes.bfloat16)
+    if wide: first = LazyOp(op.op, (LazyOp(UnaryOps.CAST, first.src, dtypes.float32),), first.arg)
+    local = MemBuffer(-1, dtypes.float32 if wide else dt, ShapeTracker.from_shape(local_shape))
     store = LazyOp(BufferOps.STORE, (first,), local)
-    return LazyOp(op.op, (LazyOp(BufferOps.LOAD, (store,), local),), tuple(range(fr, fr + gfr)))
+    ret = LazyOp(op.op, (LazyOp(BufferOps.LOAD, (store,), local),), tuple(range(fr, fr + gfr)))
+    return LazyOp(UnaryOps.CAST, (ret,), dt) if wide else ret
 
   return fix(k.ast)

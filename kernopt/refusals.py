@@ -67,5 +67,8 @@ def check(*ast: LazyOp, opts: Optional[Renderer] = None) -> list[str]:
   else:
     try: kernel_trackers(root)
     except (KernoptError, AssertionError) as e: found.append(_message(e))
-  if not found and opts is not None: found += _dialect(root, opts)
+  if not found and opts is not None:
+    if not isinstance(opts, Renderer):
+      found.append(f"opts must be a Renderer (a device's .renderer), got {type(opts).__name__} {opts!r}")
+    else: found += _dialect(root, opts)
   return list(dict.fromkeys(found))

@@ -152,7 +152,9 @@ class _Search:
       if fut is not None:
         try: c.runner = fut.result(timeout=self._wait_limit(force))
         except KernoptError as e: prg, err = None, f"{type(e).__name__}: {e}"
-        except cf.TimeoutError: prg, err = None, "compile timed out"
+        except cf.TimeoutError:
+          fut.cancel()   # still queued behind slow builds: never started
+          prg, err = None, "compile timed out"
       if prg is None:
         self.stats.failed += 1
         if getconfig().DEBUG >= 2: debug.emit(f"search: {list(c.kernel.applied_opts)} failed: {err}")
@@ -259,7 +261,8 @@ class _Search:
     busy = any(not f.done() for f in self.inflight)
     self.inflight = set()
     if self.own_executor and self.executor is not None: stop_pool(self.executor, terminate=busy)
-    if self.threads is not None: self.threads.shutdown(wait=False)
+    # queued local builds never start (a build already compiling ends by COMPILE_TIMEOUT)
+    if self.threads is not None: self.threads.shutdown(wait=False, cancel_futures=True)
     self.threads = None
     self.executor, self.own_executor = None, False
     self.cfg = dataclasses.replace(self.cfg, executor=None, workers=0)

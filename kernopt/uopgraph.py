@@ -5,7 +5,7 @@ Imports dtype, alu, lazyop, uops, patterns and linearizer."""
 from __future__ import annotations
 import math
 from typing import Any, Optional
-from kernopt.alu import exec_alu, truncate_float
+from kernopt.alu import cast_value, exec_alu
 from kernopt.dtype import DType, dtypes
 from kernopt.lazyop import BinaryOps, TernaryOps, UnaryOps
 from kernopt.linearizer import order_uops
@@ -95,9 +95,7 @@ def fold_alu(x: UOp) -> Optional[UOp]:
 def fold_cast(x: UOp, c: UOp) -> Optional[UOp]:
   dt = x.dtype
   if dt is None or dt.count != 1: return None
-  if dtypes.is_float(dt): return _c(x, truncate_float(float(c.arg), dt))
-  if isinstance(c.arg, float) and (c.arg != c.arg or abs(c.arg) == float("inf")): return None
-  return _c(x, int(c.arg) if dt != dtypes.bool else bool(c.arg))
+  return _c(x, cast_value(c.arg, dt))
 
 def add_zero(x: UOp, z: UOp) -> Optional[UOp]:
   if not _is_const(z, 0) or x.dtype != z.dtype: return None

@@ -126,10 +126,31 @@ class _Verifier:
     if not ok:
       raise VerifyError(f"STORE to buffer {buf.idx} of shape {shape_str(shape)} "
                         f"from {op.src[0].op} of shape {shape_str(val)}")
+    if buf.idx >= 0 and (why := _collides(buf.st)) is not None:
+      raise VerifyError(f"STORE to buffer {buf.idx} through {buf.st} writes some element more than once ({why}): "
+                        f"which value lands there would depend on the device and the Opts")
     if _value_dtype(op.src[0]) != (base := buf.dtype.base if isinstance(buf.dtype, ImageDType) else buf.dtype):
       raise VerifyError(f"STORE to buffer {buf.idx} of {buf.dtype} from {op.src[0].op} of {op.src[0].dtype}: "
                         f"CAST the value to {base}")
     return buf.st
+
+def _collides(st: ShapeTracker) -> Optional[str]:
+  """Why some two valid positions of st address one element, or None when no view of it can: each view's axes of
+  more than one valid position, sorted by |stride|, must each step past everything the smaller ones span (a
+  permuted, flipped or padded layout passes; a broadcast or overlapping one does not). Symbolic strides or extents
+  are not judged."""
+  for v in st.views:
+    spans: list[tuple[int, int]] = []
+    for i, (size, stride) in enumerate(zip(v.shape, v.strides)):
+      n = v.mask[i][1] - v.mask[i][0] if v.mask is not None else size
+      if not (isinstance(n, int) and isinstance(stride, int)): return None
+      if n <= 0: return None   # no valid position at all: nothing is written
+      if n > 1: spans.append((abs(stride), n))
+    reach = 0
+    for stride, n in sorted(spans):
+      if stride <= reach: return f"strides {v.strides} over shape {v.shape} overlap"
+      reach += stride * (n - 1)
+  return None
 
 def _value_dtype(op: LazyOp) -> Optional[DType]:
   """The dtype of op's values: an image's base type for the LOAD of an image."""
@@ -214,7 +235,20 @@ def verify_lazyop(ast: LazyOp) -> dict[LazyOp, ShapeTracker]:
     first = ast.src[0].arg.st.shape
     if st.shape != first:
       raise VerifyError(f"KERNEL outputs disagree in shape: {shape_str(first)} != {shape_str(st.shape)}")
+  _check_buffers(v.sts, seen)
   return v.sts
+
+def _check_buffers(ops: dict[LazyOp, ShapeTracker], stored: dict[int, LazyOp]) -> None:
+  """One dtype per global buffer index (its parameter has one type), and no LOAD of a buffer the kernel STOREs: its
+  elements would be read by some lanes or threads after others wrote them (in-place kernels are not supported)."""
+  dts: dict[int, DType] = {}
+  for op in ops:
+    if op.op not in (BufferOps.LOAD, BufferOps.STORE) or op.arg.idx < 0: continue
+    idx, dt = op.arg.idx, op.arg.dtype
+    if dts.setdefault(idx, dt) != dt: raise VerifyError(f"buffer {idx} is accessed as {dts[idx]} and as {dt}")
+    if op.op is BufferOps.LOAD and idx in stored:
+      raise VerifyError(f"buffer {idx} is both stored and loaded: in-place kernels are not supported (load a "
+                        f"copy under another index)")
 
 # ***** cost: flops and memory of an AST *****
 

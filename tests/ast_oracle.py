@@ -3,10 +3,12 @@ It imports only the AST's data classes (LazyOp, MemBuffer, ConstBuffer, the op e
 ShapeTracker, the symbolic node classes (for their fields) and dtypes. Views are evaluated by its own index arithmetic
 from shape, strides, offset and mask; ops follow DESIGN.md's op semantics, written again here from the text: int IDIV
 truncates toward zero and MOD takes the dividend's sign, both 0 on a zero divisor; ints wrap; MAX is a > b ? a : b;
-float IDIV is true division; half and bfloat16 are computed in float and rounded (to nearest even) on store or CAST.
-Integers are held as numpy object arrays of Python ints (exact, wrapped after each op), floats as float32 (half,
-bfloat16, float32) or float64 arrays, bools as numpy bools."""
+float IDIV is true division; a float CAST to an int truncates, NaN, inf or out of range giving 0; half and bfloat16
+are computed in float and rounded (to nearest even) on store or CAST. Integers are held as numpy object arrays of
+Python ints (exact, wrapped after each op), floats as float32 (half, bfloat16, float32) or float64 arrays, bools as
+numpy bools."""
 from __future__ import annotations
+import math
 from typing import Any, Optional
 import numpy as np
 from kernopt.dtype import DType, dtypes
@@ -158,10 +160,11 @@ def _cast(x: np.ndarray, src: DType, dst: DType) -> np.ndarray:
     with np.errstate(over="ignore"): f = v.astype(np.float32)   # int -> float32: the double is exact for |i| < 2**53
     return _round_to(f, dst) if dst != dtypes.float32 else f
   if dst == dtypes.bool: return (x != 0) if src != dtypes.bool else x.copy()
-  if is_float(src):
-    if not np.isfinite(x).all(): raise OracleError("CAST of a non-finite float to an int is unspecified")
-    return wrap(np.asarray([int(f) for f in np.trunc(x.astype(np.float64)).reshape(-1)], dtype=object)
-                .reshape(x.shape), dst)
+  if is_float(src):   # truncated toward zero; NaN, inf and values dst cannot hold give 0 (DESIGN's op semantics)
+    lo, hi = dtypes.min(dst), dtypes.max(dst)
+    ts = np.trunc(x.astype(np.float64)).reshape(-1)
+    ints = [int(f) if math.isfinite(f) and lo <= int(f) <= hi else 0 for f in ts]
+    return np.asarray(ints, dtype=object).reshape(x.shape)
   if src == dtypes.bool: return np.asarray(x.astype(int).tolist(), dtype=object).reshape(x.shape)
   return wrap(x, dst)
 

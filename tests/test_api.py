@@ -160,3 +160,24 @@ def test_readme_code_blocks_run_as_written(tmp_path):
   out = subprocess.run([sys.executable, "-c", "\n".join(blocks)], capture_output=True, text=True, timeout=240,
                        env={**os.environ, "CACHE_DIR": str(tmp_path)}, cwd=tmp_path)
   assert out.returncode == 0, out.stderr
+
+def test_misused_entry_points_raise_kernopt_errors_that_name_the_problem():
+  """Found by an independent tester: each of these raised AttributeError or TypeError from deep inside, was accepted
+  (cache="yes"; check with a device name for opts answered []), or (a CPU Program given to OpenCL) gave a compiler
+  log about math.h."""
+  from kernopt.errors import CompileError
+  with pytest.raises(UnsupportedError, match="PYTHON emulates CUDA, METAL or AMD"): Device.open("PYTHON", emulate=3)
+  assert "a device name is a str" in Device.why_unavailable(3)
+  cpu = Device["CPU"]
+  for bad in (None, "src"):
+    with pytest.raises(CompileError, match="compile takes a Program"): cpu.compile(bad)
+  ast = A.kernel(A.store(0, A.mul(A.load(1, dtypes.float, (8,)), 2.0)))
+  with pytest.raises(VerifyError, match="compile_many takes an iterable of ASTs"): kernopt.compile_many(ast, "CPU")
+  with pytest.raises(VerifyError, match="cache must be a bool"): kernopt.compile(ast, "CPU", cache="yes")
+  assert kernopt.check(ast, opts="CPU") == ["opts must be a Renderer (a device's .renderer), got str 'CPU'"]
+  prg = Kernel(ast, opts=cpu.renderer).to_program()
+  python = Device.open("PYTHON")
+  assert python.compile(Kernel(ast, opts=python.renderer).to_program()) is not None   # interprets any dialect's uops
+  if "OPENCL" in Device.available():
+    with pytest.raises(CompileError, match="was rendered for CPU; the OPENCL device compiles OPENCL programs"):
+      Device["OPENCL"].compile(prg)

@@ -479,3 +479,57 @@ def test_storage_float_sum_rounds_once(device: Any, dt: DType, opts: list[Opt]) 
   # one rounding of the sum, plus float32 accumulation error over 4096 terms (far below half's or bf16's ulp)
   rtol = 2.0 ** -(8 if dt == dtypes.bfloat16 else 10)
   np.testing.assert_allclose(got, from_storage(want, dt).astype(np.float64), rtol=rtol)
+
+# ***** found by an independent tester *****
+
+@pytest.mark.parametrize("dt,build,identity", [
+  (F, lambda x: A.sum(x, 1), 0.0), (F, lambda x: A.max(x, 1), -math.inf), (F, lambda x: A.mul(A.sum(x, 1), 2.0), 0.0),
+  (dtypes.int32, lambda x: A.sum(x, 1), 0), (dtypes.half, lambda x: A.add(A.max(x, 1), 1.0), -math.inf)],
+  ids=["sum", "max", "sum_then_mul", "int_sum", "half_max_then_add"])
+def test_reduce_over_a_symbolic_axis_at_zero_is_its_identity(device: Any, dt: DType, build: Callable,
+                                                            identity: float) -> None:
+  """m = 0 lies in Variable('m', 0, 64): every row is empty, so a SUM is 0 and a MAX -inf, also under the ops after
+  the reduce (the PYTHON device left the accumulator's value unset when the loop ran no iteration)."""
+  m = Variable("m", 0, 64)
+  ast = A.kernel(A.store(0, build(A.load(1, dt, A.view((3, m), (m, 1))))))
+  prg = Kernel(ast, opts=device.renderer).to_program()
+  out = Buffer(device, 3, dt)
+  device.compile(prg)(out, Buffer(device, 3 * 64, dt), var_vals={"m": 0}, wait=True)
+  np.testing.assert_array_equal(out.numpy().astype(np.float64), np.full(3, identity))
+
+def test_float_to_int_casts_out_of_range_give_zero_everywhere(device: Any) -> None:
+  """DESIGN's op semantics: a float CAST to an int truncates, and NaN, inf or a value the int type cannot hold give 0
+  (the PYTHON device wrapped them; constant folding wrapped CONST 300.0 -> int8 to 44). The expected values are
+  written from that rule with numpy."""
+  vals = np.array([128.0, -129.0, 255.9, -1.9, 3e9, np.inf, np.nan, -2.0 ** 31, 2.0 ** 31], np.float32)
+  for dt in (dtypes.int8, dtypes.uint8, dtypes.int32, dtypes.uint32, dtypes.int64):
+    info = np.iinfo(np.dtype(dt.fmt))
+    want = [int(math.trunc(v)) if math.isfinite(v) and info.min <= math.trunc(v) <= info.max else 0
+            for v in vals.astype(np.float64).tolist()]
+    folded = 300 if info.min <= 300 <= info.max else 0
+    ast = A.kernel(A.store(0, A.cast(A.load(1, F, (vals.size,)), dt)),
+                   A.store(1 + 1, A.cast(A.const(300.0, F, (vals.size,)), dt)))
+    prg = Kernel(ast, opts=device.renderer).to_program()
+    a, b = Buffer(device, vals.size, dt), Buffer(device, vals.size, dt)
+    device.compile(prg)(a, Buffer(device, vals.size, F).copyin(vals), b, wait=True)
+    assert a.numpy().tolist() == want and b.numpy().tolist() == [folded] * vals.size, (dt, a.numpy(), b.numpy())
+
+LOCAL_DEVICES = [name for name, make in DEVICES if make().renderer.caps.has_local]
+
+@pytest.mark.parametrize("opt", [Opt(OptOps.GROUP, 0, 4), Opt(OptOps.GROUPTOP, 0, 4), Opt(OptOps.GROUPTOP, 0, 8)])
+@pytest.mark.parametrize("dt", [dtypes.half, dtypes.bfloat16])
+@pytest.mark.parametrize("name", LOCAL_DEVICES)
+def test_storage_float_group_partials_stay_float(name: str, dt: DType, opt: Opt) -> None:
+  """Rows of 500 x 60000, 499 x -60000 and a 7 (found by an independent tester): each work-item's partial sum under
+  GROUP/GROUPTOP was rounded to half in the local buffer and overflowed to inf, so the row became NaN. The partials
+  stay float32: the row is the float64 sum rounded once (60007 -> 60000 in half, 59904 in bfloat16's spacing)."""
+  from tests.ast_oracle import from_storage, to_storage
+  device = dict(DEVICES)[name]()
+  row = np.concatenate([np.full(500, 60000.0), np.full(499, -60000.0), [7.0]])
+  x = to_storage(np.stack([row, row[::-1]]), dt)
+  k = Kernel(A.kernel(A.store(0, A.sum(A.load(1, dt, (2, row.size)), 1))), opts=device.renderer)
+  k.apply_opt(opt)
+  out = Buffer(device, 2, dt)
+  device.compile(k.to_program())(out, Buffer(device, x.size, dt).copyin(x.reshape(-1)), wait=True)
+  want = from_storage(to_storage(from_storage(x, dt).astype(np.float64).sum(axis=1), dt), dt)
+  np.testing.assert_array_equal(from_storage(out.numpy(), dt), want)

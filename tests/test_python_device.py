@@ -5,7 +5,7 @@ import pytest
 from kernopt.dtype import dtypes
 from kernopt.errors import LaunchError
 from kernopt.ops import BinaryOps, exec_alu, truncate_float
-from kernopt.runtime import Buffer, Device, np_dtype
+from kernopt.runtime import Buffer, Device, cpu, np_dtype
 from kernopt.runtime.python import EmulationError, OutOfBoundsError, RaceError, make_program
 from kernopt.uops import UOp, UOps
 from test_python_alu import SCALARS, values
@@ -242,6 +242,27 @@ def test_bfloat16_buffer_loads_and_computes():
   got = (res[0].astype(np.uint32) << 16).view(np.float32)
   src = (bits.astype(np.uint32) << 16).view(np.float32)
   np.testing.assert_array_equal(got, [exec_alu(BinaryOps.MUL, dtypes.bfloat16, (float(v), 1.0078125)) for v in src])
+
+@pytest.mark.parametrize("device", ["PYTHON", "CPU"])
+def test_bfloat16_copyin_converts_values_and_keeps_bit_patterns(device):
+  """Found by an independent tester: copyin of float32 values into a bfloat16 Buffer stored astype(uint16) of the
+  values (1.0 became the bits 0x0001). Values are rounded to nearest even (numpy's oracle below: the float32 bits
+  rounded at bit 16); uint16 arrays, what numpy() returns, are bit patterns; a kernel x * 2 reads the values."""
+  if device == "CPU" and not cpu.CPUDevice.availability()[0]: pytest.skip("no C compiler")
+  from kernopt import ast as A
+  from kernopt.kernel import Kernel
+  vals = np.array([1.0, 2.5, -3.0, 1.00390625, 1.01171875, np.inf, 3.4e38], np.float32)  # ties to even; overflow
+  want = np.array([0x3F80, 0x4020, 0xC040, 0x3F80, 0x3F82, 0x7F80, 0x7F80], np.uint16)
+  b = Buffer(device, vals.size, dtypes.bfloat16).copyin(vals)
+  np.testing.assert_array_equal(b.numpy(), want)
+  assert (b.copyin(want).numpy() == want).all() and np.isnan(
+    (Buffer(device, 1, dtypes.bfloat16).copyin(np.array([np.nan])).numpy().astype(np.uint32) << 16).view(np.float32))
+  dev = Device[device]
+  o = Buffer(dev, 3, dtypes.bfloat16)
+  x = Buffer(dev, 3, dtypes.bfloat16).copyin(np.array([1.0, 2.5, -3.0]))
+  dev.compile(Kernel(A.kernel(A.store(0, A.mul(A.load(1, dtypes.bfloat16, (3,)), 2.0))), opts=dev.renderer)
+              .to_program())(o, x, wait=True)
+  np.testing.assert_array_equal((o.numpy().astype(np.uint32) << 16).view(np.float32), [2.0, 5.0, -6.0])
 
 def test_image_load_and_store(dev):
   img = dtypes.imagef((3, 4, 4))

@@ -225,6 +225,10 @@ def test_variable_values_must_be_ints_in_range_keyed_by_variable_or_name():
     with pytest.raises(LaunchError, match=msg): runner(out, a, b, var_vals={"n": bad})
   with pytest.raises(LaunchError, match="needs a value"): runner(out, a, b, var_vals={"m": 3})
   with pytest.raises(LaunchError, match="given twice"): runner(out, a, b, var_vals={"n": 3, n: 4})
+  # found by an independent tester: an array value given twice made the duplicate check a numpy truth-value error
+  for vv in ({"n": np.array([3, 4]), n: 3}, {n: 3, "n": np.array([3, 4])}):
+    with pytest.raises(LaunchError, match="given twice"): runner(out, a, b, var_vals=vv)
+  runner(out, a, b, var_vals={"n": 5, n: np.int64(5)})   # the same value twice, by name and by Variable, is fine
 
 @pytest.mark.parametrize("name,options", DEVICES[1:3], ids=["CPU-static", "PYTHON"])
 def test_a_written_buffer_passed_twice_is_refused(name, options):

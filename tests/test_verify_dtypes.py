@@ -6,11 +6,12 @@ computes numpy's numbers on CPU and PYTHON alike."""
 import math
 import numpy as np
 import pytest
-from catalogue import alu, buf, cast, const, kernel, reduce, store
+from catalogue import alu, buf, cast, const, kernel, reduce, store, view
 from kernopt.dtype import dtypes
 from kernopt.errors import VerifyError
 from kernopt.kernel import Kernel
-from kernopt.ops import BinaryOps, LazyOp, ReduceOps, TernaryOps, UnaryOps, WMMAArg, verify_lazyop
+from kernopt.ops import (BinaryOps, BufferOps, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps, WMMAArg,
+                         verify_lazyop)
 from kernopt.runtime import Buffer, Device, cpu
 
 F, I, B = dtypes.float32, dtypes.int32, dtypes.bool
@@ -150,3 +151,26 @@ def test_bitwise_ops_take_ints_and_shifts_no_bools(op):
   want = {BinaryOps.XOR: a ^ b, BinaryOps.AND: a & b, BinaryOps.OR: a | b, BinaryOps.SHL: a << b, BinaryOps.SHR: a >> b}
   ok = kernel(store(alu(op, buf(1, (4,), I), buf(2, (4,), I)), dtype=I))
   for d in DEVICES: np.testing.assert_array_equal(_run(ok, d, (4, np.int32), a, b), want[op])
+
+def test_a_buffer_has_one_dtype_and_an_output_is_never_loaded():
+  """Found by an independent tester: buffer 1 loaded as float32 and as int32 (C compilers failed on the duplicate
+  parameter, the PYTHON device read both as int32), and an in-place flip buf1[i] = buf1[7 - i] (the compiled devices
+  overwrote elements before reading them) were accepted."""
+  _bad(kernel(store(alu(BinaryOps.ADD, buf(1, (4,), F), cast(buf(1, (4,), I), F)))),
+       r"buffer 1 is accessed as dtypes.(float32|int32) and as dtypes.(int32|float32)")
+  flip = LazyOp(BufferOps.STORE, (buf(1, (8,), F, st=view((8,), (-1,), 7)),), MemBuffer(1, F, view((8,), (1,))))
+  _bad(LazyOp(MetaOps.KERNEL, (flip,)), r"buffer 1 is both stored and loaded: in-place kernels are not supported")
+  assert verify_lazyop(kernel(store(alu(BinaryOps.ADD, buf(1, (4,), F), buf(2, (4,), F)))))
+
+def test_a_store_writes_each_element_at_most_once():
+  """Found by an independent tester: a STORE through strides (1, 1) over (8, 8) (element (i, j) -> address i + j)
+  was accepted, and which of the colliding values landed differed by device and Opts. Overlapping or broadcast store
+  views are refused; a permuted or flipped layout, and one whose colliding axis is masked to one position, pass."""
+  def st(shape, strides, offset=0, mask=None): return view(shape, strides, offset, mask)
+  val = buf(1, (8, 8), F)
+  def k(s): return LazyOp(MetaOps.KERNEL, (LazyOp(BufferOps.STORE, (val,), MemBuffer(0, F, s)),))
+  _bad(k(st((8, 8), (1, 1))), r"STORE to buffer 0 .* writes some element more than once \(strides \(1, 1\)")
+  _bad(k(st((8, 8), (8, 7))), r"more than once")
+  _bad(k(st((8, 8), (0, 1))), r"more than once")
+  for ok in (st((8, 8), (1, 8)), st((8, 8), (-8, 1), 56), st((8, 8), (8, 1)), st((8, 8), (1, 1), 0, ((0, 8), (3, 4)))):
+    assert verify_lazyop(k(ok))

@@ -7,7 +7,7 @@ from typing import Any, Mapping, Optional
 import numpy as np
 from kernopt import __version__, debug
 from kernopt.dtype import DType, ImageDType, dtypes, storage_dtype_error
-from kernopt.errors import KernoptError, LaunchError, UnsupportedError
+from kernopt.errors import CompileError, KernoptError, LaunchError, UnsupportedError
 from kernopt.helpers import getconfig
 from kernopt.renderers import Program, Renderer
 
@@ -17,6 +17,29 @@ def np_dtype(dt: DType) -> np.dtype:
   if dt == dtypes.bfloat16: return np.dtype(np.uint16)
   if dt.fmt is None: raise UnsupportedError(f"no numpy dtype stores {dt}")
   return np.dtype(dt.fmt)
+
+def round_bf16(x: Any) -> np.ndarray:
+  """float values rounded to bfloat16 (to float32 first, then nearest even) and held in float32, as
+  alu.truncate_float does; a NaN stays a NaN (quiet, so its top 16 bits are one too)."""
+  f = np.asarray(x, dtype=np.float32)
+  bits = f.view(np.uint32)
+  r = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)).view(np.float32)
+  return np.where(np.isnan(f), ((bits | np.uint32(0x00400000)) & np.uint32(0xFFFF0000)).view(np.float32), r)
+
+def bf16_bits(x: Any) -> np.ndarray:
+  """Values -> their bfloat16 bit patterns (uint16), rounded as round_bf16."""
+  return (round_bf16(x).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+
+def bf16_from_bits(b: Any) -> np.ndarray: return (np.asarray(b).astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+def to_storage(arr: np.ndarray, dt: DType) -> np.ndarray:
+  """arr as the numpy storage of dt's Buffers: as it is when it has that dtype already (for bfloat16: uint16 bit
+  patterns, what Buffer.numpy() returns), else its values converted (to bfloat16 rounding to nearest even)."""
+  npdt = np_dtype(dt)
+  if arr.dtype == npdt: return arr
+  if npdt == np.uint16 and (isinstance(dt, ImageDType) and dt.base == dtypes.bfloat16 or dt == dtypes.bfloat16):
+    return bf16_bits(arr)
+  return arr.astype(npdt)
 
 class Compiled:
   """A device: an allocator, a compiler and a launcher. Subclasses implement the underscored methods."""
@@ -63,6 +86,11 @@ class Compiled:
     """A runner for program, compiled once per whole Program in this process (source, signature, launch dims,
     variables and their ranges: a runner never checks a launch against another program's signature); devices also
     cache binaries on disk."""
+    if not isinstance(program, Program):
+      raise CompileError(f"{self.name}.compile takes a Program (Kernel.to_program()), got {type(program).__name__}")
+    if not self.interprets_uops and program.device != self.name:
+      raise CompileError(f"{program.name} was rendered for {program.device}; the {self.name} device compiles "
+                         f"{self.name} programs (render with its renderer: Kernel(ast, opts=device.renderer))")
     key = (program.src, program.name, program.device, program.global_size, program.local_size, program.args,
            tuple((v.expr, v.min, v.max) for v in program.vars), getattr(program, "var_args", ()))
     compile_s: Optional[float] = None
@@ -129,7 +157,7 @@ class CompiledRunner:
       if not isinstance(k, (str, Variable)):
         raise LaunchError(f"{prg.name}: a var_vals key must be a Variable or its name, got {type(k).__name__} {k!r}")
       name = k.expr if isinstance(k, Variable) else k
-      if name in by_name and by_name[name] != val:
+      if name in by_name and not _same_value(by_name[name], val):
         raise LaunchError(f"{prg.name}: variable {name!r} is given twice, {by_name[name]!r} and {val!r}")
       by_name[name] = val
     vals: dict[Any, int] = {}
@@ -169,6 +197,13 @@ class CompiledRunner:
                         f"start ({where})")
     raise LaunchError(f"{self.program.name}: buffer {idx} holds {buf.size} elements, the kernel addresses {hi} "
                       f"({where})")
+
+def _is_int(x: Any) -> bool: return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+def _same_value(a: Any, b: Any) -> bool:
+  """Whether two values given for one variable agree: equal ints, or the very same object (any other value is
+  refused as the variable's value later, if the kernel uses it)."""
+  return int(a) == int(b) if _is_int(a) and _is_int(b) else a is b
 
 def _bound_fn(x: Any, variables: tuple[Any, ...]) -> Any:
   """x itself when an int, else x as a function of var_vals: affine sums of the Program's Variables as one sum of
@@ -224,8 +259,9 @@ class Buffer:
     return cls(device, size, dtype, _wrap=(ptr, owner))
 
   def copyin(self, src: Any) -> Buffer:
-    arr = np.ascontiguousarray(src).reshape(-1)
-    if arr.dtype != np_dtype(self.dtype): arr = arr.astype(np_dtype(self.dtype))
+    """src's elements into this Buffer (as many as it holds), through runtime.to_storage: an array of the storage
+    dtype as it is (bfloat16: uint16 bit patterns), any other's values converted. Returns self."""
+    arr = to_storage(np.ascontiguousarray(src).reshape(-1), self.dtype)
     if arr.size != self.size: raise LaunchError(f"copyin of {arr.size} elements into a Buffer of {self.size}")
     self.dev._copyin(self._handle, arr)
     return self
@@ -282,6 +318,7 @@ class _DeviceRegistry:
 
   def why_unavailable(self, name: str) -> Optional[str]:
     """Why device `name` is not in `available()`, or None when it is."""
+    if not isinstance(name, str): return f"a device name is a str, got {type(name).__name__} {name!r}"
     if (name := name.upper()) not in _DEVICES: return f"unknown device {name!r}; known: {sorted(_DEVICES)}"
     try:
       ok, why = importlib.import_module(_DEVICES[name]).DEVICE_CLASS.availability()

@@ -136,6 +136,9 @@ class _Builder:
       for s in u.src:
         if self.slot.get(s, i) >= i and not (u.op is UOps.DEFINE_ACC and s in self.slot):  # ACC names later RANGEs
           raise CompileError(f"{name}: {u.op.name} at {i} uses a {s.op.name} that is not in the list before it")
+    self.phis_of: dict[UOp, list[int]] = {}
+    for i, u in enumerate(uops):
+      if u.op is UOps.PHI: self.phis_of.setdefault(u.src[0], []).append(i)
     self.steps: list[Step] = [self.build(i, u) for i, u in enumerate(uops)]
 
   def build(self, i: int, u: UOp) -> Step:
@@ -180,7 +183,13 @@ class _Builder:
     def step(st: _State) -> None: st.vals[i] = val
     return step
 
-  def _define_acc(self, i: int, u: UOp, s: list[int]) -> Step: return self._const(i, u, s)
+  def _define_acc(self, i: int, u: UOp, s: list[int]) -> Step:
+    # its PHIs start at the initial value too: a loop of no iterations (a symbolic axis at 0) leaves them there
+    init, phis = self._const(i, u, s), self.phis_of.get(u, [])
+    def step(st: _State) -> None:
+      init(st)
+      for j in phis: st.vals[j] = st.vals[i]
+    return step
 
   # -- control --
   def _range(self, i: int, u: UOp, s: list[int]) -> Step:
@@ -415,7 +424,7 @@ class PythonDevice(Compiled):
   name = "PYTHON"
 
   def __init__(self, emulate: Optional[str] = None):
-    if emulate is not None and emulate.upper() not in ("CUDA", "METAL", "AMD"):
+    if emulate is not None and (not isinstance(emulate, str) or emulate.upper() not in ("CUDA", "METAL", "AMD")):
       raise UnsupportedError(f"PYTHON emulates CUDA, METAL or AMD (or None), not {emulate!r}")
     self.emulate = emulate.upper() if emulate else None
     super().__init__()

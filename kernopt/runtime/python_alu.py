@@ -9,7 +9,7 @@ from kernopt.alu import KINDS, operand_kind
 from kernopt.dtype import DType, dtypes
 from kernopt.errors import KernoptError, UnsupportedError
 from kernopt.lazyop import ALUOp, BinaryOps, TernaryOps, UnaryOps
-from kernopt.runtime import np_dtype
+from kernopt.runtime import bf16_bits, bf16_from_bits, np_dtype, round_bf16
 
 class EmulationError(KernoptError):
   """A kernel did something that is undefined on the hardware it targets (caught by the PYTHON device)."""
@@ -21,21 +21,20 @@ def reg_dtype(dt: DType) -> np.dtype:
   dt = dt.scalar()
   return np.dtype(np.float32) if dt == dtypes.bfloat16 else np_dtype(dt)
 
-def round_bf16(x: Any) -> np.ndarray:
-  """float values rounded to bfloat16 (to float32 first, then nearest even), as ops.truncate_float does."""
-  f = np.asarray(x, dtype=np.float32)
-  bits = f.view(np.uint32)
-  r = ((bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)).view(np.float32)
-  return np.where(np.isnan(f), f, r)
-
-def bf16_bits(x: Any) -> np.ndarray: return (round_bf16(x).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
-def bf16_from_bits(b: Any) -> np.ndarray: return (np.asarray(b).astype(np.uint32) << np.uint32(16)).view(np.float32)
-
 def to_reg(x: Any, dt: DType) -> np.ndarray:
-  """x converted to dt's register type, rounding as a cast to dt does."""
+  """x converted to dt's register type as the op table's CAST (alu.cast_value) does: floats round to nearest even,
+  ints wrap, and a float whose truncation dt cannot hold (or NaN, inf) becomes the int 0."""
   if dt.scalar() == dtypes.bfloat16: return round_bf16(np.asarray(x).astype(np.float32))
   if dt.scalar() == dtypes.bool: return np.asarray(x) != 0
-  return np.asarray(x).astype(reg_dtype(dt))
+  a = np.asarray(x)
+  if a.dtype.kind == "f" and dtypes.is_int(dt.scalar()):
+    bits = 8 * dt.scalar().itemsize
+    lo = 0.0 if dtypes.is_unsigned(dt.scalar()) else -2.0 ** (bits - 1)
+    t = np.trunc(a.astype(np.float64))
+    with np.errstate(invalid="ignore"):
+      ok = (t >= lo) & (t < lo + 2.0 ** bits)   # exact in float64 at every width; False for NaN
+    return np.where(ok, t, 0).astype(reg_dtype(dt))
+  return a.astype(reg_dtype(dt))
 
 def to_storage(x: Any, dt: DType) -> np.ndarray:
   return bf16_bits(x) if dt.scalar() == dtypes.bfloat16 else np.asarray(x).astype(np_dtype(dt))
