@@ -508,8 +508,11 @@ class Gen:
       return V(node, dt, float(x.lo), float(x.hi), x.mag < 2 ** orc._MANT[dt] and x.mag <= MAG[dt], 0)
     lo, hi = orc.int_range(dt)
     if sdt in FLOATS:
-      if x.lo <= lo - 1 or x.hi >= hi + 1: raise _Retry()   # out of range: unspecified
-      return V(node, dt, math.trunc(x.lo), math.trunc(x.hi))
+      tlo, thi = math.trunc(x.lo), math.trunc(x.hi)
+      if tlo < lo or thi > hi:   # some values out of dt's range: those give 0 (x is exact, so every device agrees)
+        self.tags["cast float->int out of range"] += 1
+        return V(node, dt, min(max(tlo, lo), 0), max(min(thi, hi), 0))
+      return V(node, dt, tlo, thi)
     return V(node, dt, *_clamp(x.lo, x.hi, dt))
 
   def _bitcast(self, dt: DType, phase: str, depth: int, exact: bool, top: bool, force: bool) -> V:
