@@ -174,13 +174,20 @@ class Kernel(LoopNest):
 
   def hand_coded_optimizations(self) -> Kernel:
     """The heuristics profile the renderer's `caps.heuristics` names (kernopt/heuristics_registry.py), falling back
-    to the spec's rules (kernopt/heuristics.py) when it chooses nothing. Never applies tensor cores."""
+    to the spec's rules (kernopt/heuristics.py) when it chooses nothing. Never applies tensor cores. All or nothing:
+    where a rule's Opt is refused (the spec's rules on a kernel optimized already), the KernelOptError leaves the
+    kernel exactly as it was."""
     profile = heuristics_registry.heuristics_profile(self.opts.caps.heuristics)
-    self.required_optimizations()
-    if any(s == 0 for s in self.full_shape):  # an empty output or reduce: nothing worth optimizing
-      decisions.decide(self, "kernel.empty", "an axis has size 0")
-      return self
-    if not profile(self): heuristics_registry.heuristics_profile("spec")(self)
+    snap = self.snapshot()
+    try:
+      self.required_optimizations()
+      if any(s == 0 for s in self.full_shape):  # an empty output or reduce: nothing worth optimizing
+        decisions.decide(self, "kernel.empty", "an axis has size 0")
+        return self
+      if not profile(self): heuristics_registry.heuristics_profile("spec")(self)
+    except KernelOptError:
+      self.restore(snap)
+      raise
     return self
 
   # ***** the optimized AST *****

@@ -183,3 +183,29 @@ CASES = [(f"own{i}", b) for i, b in enumerate(OWN)] + [(c.name, (lambda c=c: c.a
 def test_stress_random_opts(name, build):
   applied = sum(stress(build(), d, seed=zlib.crc32(f'{name}-{d}'.encode()), steps=150) for d in DIALECTS)
   assert applied > 0
+
+def test_a_refused_heuristic_leaves_the_kernel_as_it_was():
+  """Found by an independent tester: hand_coded_optimizations() a second time on an OpenCL matmul applied some of
+  the spec's Opts, then raised KernelOptError for a LOCAL, leaving the kernel half-modified. It is all or nothing, and
+  the kernel still computes numpy's numbers afterwards (PYTHON's OpenCL-shaped emulator)."""
+  import numpy as np
+  from catalogue import alu, view
+  from kernopt import Buffer, Device
+  from kernopt.ops import BinaryOps
+  from kernopt.renderers import get_renderer
+  a = buf(1, (64, 64, 64), st=view((64, 64, 64), (64, 0, 1)))
+  b = buf(2, (64, 64, 64), st=view((64, 64, 64), (0, 1, 64)))
+  k = Kernel(kernel(store(reduce(ReduceOps.SUM, alu(BinaryOps.MUL, a, b), (2,)))), opts=get_renderer("OPENCL"))
+  k.hand_coded_optimizations()
+  before = (k.applied_opts, k.full_shape, k.sts, k.trace)
+  with pytest.raises(KernelOptError): k.hand_coded_optimizations()
+  assert (k.applied_opts, k.full_shape, k.sts, k.trace) == before
+  dev = Device.open("PYTHON")
+  x, y = np.random.default_rng(0).standard_normal((2, 64, 64), dtype=np.float32)
+  bufs = {0: Buffer(dev, 64 * 64, dtypes.float32), 1: Buffer(dev, x.size, dtypes.float32).copyin(x),
+          2: Buffer(dev, y.size, dtypes.float32).copyin(y)}
+  prg = Kernel(k.ast, opts=dev.renderer)
+  for o in k.applied_opts: prg.apply_opt(o)
+  p = prg.to_program()
+  dev.compile(p)(*[bufs[a.idx] for a in p.args], wait=True)
+  np.testing.assert_allclose(bufs[0].numpy().reshape(64, 64), x @ y, rtol=1e-4, atol=1e-4)
