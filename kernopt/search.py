@@ -103,6 +103,7 @@ class _Search:
     self.best_time = math.inf
     self.chunk = max(4, 2 * cfg.workers)
     self.timing_reserve = 0.0   # builds stop waiting this long before the deadline, to leave time to time them
+    self.budget_bound = False   # the last build wait was limited by the budget, not by compile_timeout_s
 
   def out_of_time(self) -> bool:
     """True once the search's part of the budget is spent (the final re-timing has its own reserve after it)."""
@@ -155,6 +156,7 @@ class _Search:
         except cf.TimeoutError:
           fut.cancel()   # still queued behind slow builds: never started
           prg, err = None, "compile timed out"
+          self._note_budget(force)
       if prg is None:
         self.stats.failed += 1
         if getconfig().DEBUG >= 2: debug.emit(f"search: {list(c.kernel.applied_opts)} failed: {err}")
@@ -164,8 +166,13 @@ class _Search:
     order = {id(c): i for i, c in enumerate(cands)}
     return sorted(ret, key=lambda c: order[id(c)])
 
+  def _note_budget(self, force: bool) -> None:
+    """A build wait that the budget (not compile_timeout_s) cut short spends the budget: the search ends there."""
+    if not force and self.budget_bound: self.stats.out_of_budget = True
+
   def _wait_limit(self, force: bool) -> float:
     left = self.deadline - self.timing_reserve - time.perf_counter() if not force else math.inf
+    self.budget_bound = left < self.cfg.compile_timeout_s
     return max(min(self.cfg.compile_timeout_s, left), 0.0)
 
   def _render_here(self, cands: list[_Cand], force: bool) -> list[tuple[_Cand, Optional[Program], str]]:
@@ -198,6 +205,7 @@ class _Search:
     for f in pending: f.cancel()
     self.inflight = {f for f in self.inflight if not f.done()}
     self.stats.failed += len(pending)
+    if pending: self._note_budget(force)
     self.out_of_time()
     return ret
 

@@ -1209,7 +1209,8 @@ def _arr_from(d: dict) -> tuple[np.ndarray, DType]:
 def save_regression(f: Failure, folder: str = REGRESSIONS) -> str:
   c = f.case
   rec = {"format": 1, "kind": f.kind, "detail": f.detail[:2000], "device": f.device, "options": f.options,
-         "plan": list(f.plan[:1]) + ([f.plan[1]] if f.plan[0] == "opts" else []), "opts": f.opts, "seed": c.seed,
+         "plan": list(f.plan[:1]) + ([f.plan[1]] if f.plan[0] == "opts" else list(f.plan[1:3]) if f.plan[0] == "rand"
+                                      else []), "opts": f.opts, "seed": c.seed,
          "var_vals": c.var_vals, "ast": ast_to_json(c.ast),
          "buffers": {str(i): {"size": c.sizes[i], "dtype": c.dtypes[i].name} for i in c.sizes},
          "inputs": {str(i): _arr_json(a, c.dtypes[i]) for i, a in c.inputs.items()},
@@ -1232,10 +1233,17 @@ def load_regression(path: str) -> tuple[Case, dict]:
               set(rec["wild"]), Counter(), rec["seed"])
   return case, rec
 
+def replay_plan(rec: dict) -> tuple:
+  """The plan a regression file replays: its Opts when the failing run reported them, else the random plan itself
+  (its seed and count; a timeout or a crash reports no Opts)."""
+  plan = rec["plan"]
+  if plan[0] != "rand": return tuple(plan)
+  return ("opts", rec["opts"]) if rec["opts"] or len(plan) < 3 else ("rand", plan[1], plan[2])
+
 def replay(worker: Worker, path: str) -> Optional[str]:
   """None when the saved case now runs and matches the oracle on its device (or the device is absent)."""
   case, rec = load_regression(path)
-  plan = tuple(rec["plan"]) if rec["plan"][0] != "rand" else ("opts", rec["opts"])
+  plan = replay_plan(rec)
   res = worker.request(_request(case, rec["device"], rec["options"], plan))
   bad = check(case, res, case_refs(case))
   return None if bad is None else f"[{bad[0]}] {bad[1][:1500]}"
@@ -1280,6 +1288,17 @@ if __name__ != "__main__":
     ints = A.kernel(A.store(0, A.load(1, dtypes.int32, (4,)))).src[0]
     assert _shrunk_tol(0.0, inexact) == 6e-2 and _shrunk_tol(0.0, exact) == 0.0 and _shrunk_tol(0.0, ints) == 0.0
     assert _shrunk_tol(2e-4, exact) == 2e-4
+
+  def test_a_timeout_file_replays_its_random_opts(tmp_path: Any) -> None:
+    """A timeout or a crash reports no Opts: its regression file keeps the random plan's seed and count, and the
+    replay draws the same Opts again (a file with only 'rand' replayed an unoptimized kernel)."""
+    c = generate_case(12345, 3)
+    path = save_regression(Failure("timeout", c, "CPU", {}, ("rand", 4711, 3), [], "no result"), str(tmp_path))
+    _, rec = load_regression(path)
+    assert replay_plan(rec) == ("rand", 4711, 3)
+    path = save_regression(Failure("mismatch", c, "PYTHON", {}, ("rand", 4711, 3), [["UPCAST", 0, 4]], "x"),
+                           str(tmp_path))
+    assert replay_plan(load_regression(path)[1]) == ("opts", [["UPCAST", 0, 4]])
 
   def test_generated_asts_verify_and_round_trip() -> None:
     for i in range(40):

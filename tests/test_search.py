@@ -219,6 +219,25 @@ def test_budget_ends_the_search(tmp_path, monkeypatch):
   assert res.stats.out_of_budget and res.stats.wall_s < 1.5 + 4.5
   check_numpy(res.kernel, big)
 
+@pytest.mark.parametrize("budget_binds", [True, False])
+def test_builds_cut_short_by_the_budget_end_the_search(monkeypatch, budget_binds):
+  """Builds still running when the budget, less the time reserved to time them, runs out are dropped and the search
+  is out of budget (it ended early with out_of_budget False on a fast host); builds dropped for outliving
+  compile_timeout_s leave the budget as it was."""
+  compile_ = type(DEV).compile
+  monkeypatch.setattr(type(DEV), "compile", lambda self, prg: (time.sleep(0.4), compile_(self, prg))[1])
+  k = kernel_of("add")
+  bufs, _ = make_buffers(catalogue.get("add"))
+  cfg = S.SearchConfig(workers=0, validate=False, progress=False, time_budget_s=60,
+                       compile_timeout_s=10.0 if budget_binds else 0.1)
+  s = S._Search(k, bufs, cfg, None, DEV)
+  s.deadline, s.timing_reserve = time.perf_counter() + 0.3, 0.2
+  if not budget_binds: s.deadline = time.perf_counter() + 50
+  cands = [S._Cand(d, k2) for d, k2 in S.expand(k, cfg, set(), S.SearchStats())][:3]
+  try: assert s.build(cands) == []
+  finally: s._drop_executor(wait=True)
+  assert s.stats.failed == 3 and s.stats.out_of_budget is budget_binds
+
 def test_a_converged_search_goes_on_within_its_budget(monkeypatch):
   """With budget left after `patience` rounds without progress, the search continues from the fastest candidates it
   has timed but not expanded (until none is left); a budget-free search stops there."""
