@@ -10,7 +10,7 @@ from kernopt.runtime import Device
 from kernopt.runtime.opencl import OpenCLDevice
 
 FUZZ_SEED = int(os.environ.get("FUZZ_SEED", "0"))
-N_OPENCL = int(os.environ.get("FUZZ_N_OPENCL", "3"))
+N_OPENCL = int(os.environ.get("FUZZ_N_OPENCL", "2"))
 N_PYTHON = int(os.environ.get("FUZZ_N_PYTHON", "4"))
 CASES = catalogue("small")
 # what the local-memory dialects must accept somewhere in the catalogue (TC is the search's and the protocol's business)
