@@ -1,5 +1,5 @@
 """Reduces for the lowerer: each reduce's loops (shared by the reduces of one nesting, copied for the others), its
-accumulators (independent ones per lane, up to MAX_ACCS, to break the loop-carried chain; one vector accumulator per
+accumulators (independent ones per lane, up to max_accs, to break the loop-carried chain; one vector accumulator per
 group when its source is lowered as vectors) and tensor-core WMMA instructions. `ReduceLowering` is the lowerer's
 part that does it. Imports dtype, errors, ops, lower_index, lower_vectors and uops."""
 from __future__ import annotations
@@ -14,7 +14,19 @@ from kernopt.uops import UOp, UOps
 
 _F32 = dtypes.float32
 STORAGE_FLOATS = (dtypes.half, dtypes.bfloat16)   # reduced in float32 (see _reduce)
-MAX_ACCS = 32   # independent accumulators of one reduce, at most (CPU registers)
+MAX_ACCS = 32   # independent accumulator lanes of one reduce, at most (CPU registers; see max_accs)
+
+def max_accs(vector_width: int) -> int:
+  """Accumulator lanes one reduce may have: MAX_ACCS scalars, or four of the target's vectors where that is more (at
+  width 16, four rows of an upcast row sum each keep one 16-lane vector accumulator, not eight scalars)."""
+  return max(MAX_ACCS, 4 * vector_width)
+
+def accs_per_group(lanes: int, n_groups: int, vector_width: int) -> int:
+  """Independent scalar accumulators for an output lane group of `lanes` source lanes, when n_groups share a reduce:
+  past MAX_ACCS in all only when every group's accumulators then fill whole vectors the vectorize pass can pack."""
+  wide = min(lanes, max_accs(vector_width) // n_groups)
+  if vector_width > 1 and wide > MAX_ACCS // n_groups and wide % vector_width == 0: return wide
+  return max(1, min(lanes, MAX_ACCS // n_groups))
 
 class ReduceLowering:
   """The reduce and WMMA lowering of `kernopt.lowerer._Lowerer` (which sets these attributes)."""
@@ -87,7 +99,7 @@ class ReduceLowering:
       by_out.setdefault(tuple(0 if j in ups else v for j, v in enumerate(ln)), []).append(i)
     done: dict[tuple[UOp, ...], UOp] = {}
     out: list[UOp] = [src[0]] * len(self.lanes)
-    # the MAX_ACCS budget is shared by the distinct lane groups: an output lane group that reads the same values as
+    # the max_accs budget is shared by the distinct lane groups: an output lane group that reads the same values as
     # another (a reduce broadcast along an upcast or unrolled axis of a sibling) shares its accumulators
     n_groups = len({tuple(src[m] for m in members) for members in by_out.values()})
     for members in by_out.values():
@@ -95,9 +107,9 @@ class ReduceLowering:
       if key not in done:
         if not loops: done[key] = combine(key)
         else:
-          # independent accumulators, one per (output lane, unrolled lane) up to MAX_ACCS per reduce: they break
+          # independent accumulators, one per (output lane, unrolled lane) up to max_accs per reduce: they break
           # the loop-carried dependency chain; the partial results are combined after the loop
-          per = max(1, min(len(key), MAX_ACCS // n_groups))
+          per = accs_per_group(len(key), n_groups, self.opts.caps.vector_width)
           phis = []
           for c in range(per):
             acc = UOp(UOps.DEFINE_ACC, dt, loops, (init, self.acc_n))
@@ -112,7 +124,7 @@ class ReduceLowering:
     """A reduce over loops of a source lowered as vectors: vector accumulators numbered as the scalar lanes' would be
     (lane order), so that each is the one the vectorize pass would pack. Over loops only, one accumulator per
     distinct source vector, and vector lanes out. Also over the vector axis (an unrolled reduce), an accumulator per
-    lane as for scalar lanes (Scalar when MAX_ACCS would make fewer), each output lane group combining its lanes
+    lane as for scalar lanes (Scalar when max_accs would make fewer), each output lane group combining its lanes
     after the loop, read back from the vectors."""
     vp = self.vp
     assert vp is not None and loops
@@ -150,7 +162,7 @@ class ReduceLowering:
     for m, members in by_out.items():
       key = keys[m]
       if key not in made:
-        if max(1, min(len(key), MAX_ACCS // n_groups)) != len(key) or len(set(key)) != len(key): raise Scalar
+        if max(1, min(len(key), max_accs(vp.w) // n_groups)) != len(key) or len(set(key)) != len(key): raise Scalar
         phis = {v: accumulate(v, self.acc_n + c) for c, (v, t) in enumerate(key) if t == 0}
         if len(phis) * vp.w != len(key): raise Scalar
         self.acc_n += len(key)
@@ -242,4 +254,4 @@ def substitute(u: UOp, sub: dict[UOp, UOp], memo: dict[UOp, UOp]) -> UOp:
       memo[x] = x if all(a is b for a, b in zip(srcs, x.src)) else UOp(x.op, x.dtype, srcs, x.arg)
   return memo[u]
 
-__all__ = ["ReduceLowering", "MAX_ACCS", "reduce_paths", "substitute"]
+__all__ = ["ReduceLowering", "MAX_ACCS", "accs_per_group", "max_accs", "reduce_paths", "substitute"]

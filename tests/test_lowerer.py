@@ -236,6 +236,15 @@ def test_matmul_upcast_unroll(opts):
   uops = linearize(lower(_matmul_ast(16, 4, 4), opts), opts)
   assert sum(u.op is UOps.DEFINE_ACC for u in uops) == 32
 
+def test_accumulator_budget_grows_only_to_whole_vectors():
+  """32 scalar accumulators per reduce, shared by its output lane groups; a wide target may keep up to four vectors
+  of them, but only where every group's accumulators then fill whole vectors (else they would stay scalars)."""
+  from kernopt.lower_reduce import accs_per_group
+  assert accs_per_group(32, 4, 8) == 8          # width 8: the scalar budget already makes one vector a group
+  assert accs_per_group(32, 4, 16) == 16        # width 16: 4 rows x one float16 accumulator, not 4 x 8 scalars
+  assert accs_per_group(9, 16, 16) == 2         # a conv's 3x3 window over 16 outputs: 64 // 16 = 4 would be scalars
+  assert accs_per_group(4, 4, 16) == 4 and accs_per_group(64, 64, 1) == 1
+
 def test_float4_vectorized_loads_and_stores():
   a = rand(4, 8)
   st = S(4, 8).reshape((4, 2, 4))

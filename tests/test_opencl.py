@@ -649,8 +649,7 @@ def test_streamed_kernels_with_other_opts_are_exact(dev, opts):
   dev.compile(prg)(*[{0: out, 1: buf(xs[1]), 2: buf(xs[2])}[a.idx] for a in prg.args], wait=True)
   np.testing.assert_array_equal(out.numpy().reshape(shp), xs[1] + xs[2])
 
-@pytest.mark.parametrize("w", [4, 8, pytest.param(16, marks=pytest.mark.xfail(
-  strict=True, reason="known gap: at width 16 the lane packer leaves the 4-row tile scalar (issue 18)"))])
+@pytest.mark.parametrize("w", [4, 8, 16])
 def test_cpu_profile_row_sum_streams_rows_into_vector_accumulators(dev, w):
   from tests.catalogue import buf as lbuf, kernel, reduce, store
   from kernopt.ops import ReduceOps
