@@ -182,6 +182,37 @@ def test_reference_convs_run_right_at_every_width(row, w):
   prog.run()
   check_reference(ref, prog.output())
 
+@needs_cc
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_a_conv_row_no_multiple_of_16_tiles_with_8_lane_vectors_at_width_16(depthwise):
+  """Width 16, output rows of 24 columns (8 divides them, 16 does not; the reference's 56 alike): vectors of 8 columns
+  (rule cpu.half_width), which the vectorize pass packs as its fallback width, not scalar lanes; a conv whose channels
+  are upcast also takes two output rows along the window's slide, a depthwise conv does not. The numbers are
+  numpy's."""
+  N, C, H, W = 1, 8, 4, 24
+  rng = np.random.default_rng(7)
+  x = rng.standard_normal((N, C, H, W), dtype=np.float32)
+  if depthwise:
+    ast, wgt = catalogue.dwconv2d_ast(N, C, H, W), rng.standard_normal((C, 3, 3), dtype=np.float32)
+    ref = catalogue.dwconv2d_numpy(x, wgt)
+  else:
+    ast, wgt = catalogue.conv2d_ast(N, C, H, W, 16), rng.standard_normal((16, C, 3, 3), dtype=np.float32)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    ref = sum(np.einsum("nchw,oc->nohw", xp[:, :, ky:ky + H, kx:kx + W], wgt[:, :, ky, kx]) for ky in range(3)
+              for kx in range(3))
+  dev = Device.open("CPU", threads=1, vector_width=16)
+  k = protocol(ast, dev.renderer)
+  upcasts = [amt for op, _, amt in opts_of(k) if op == "UPCAST"]
+  assert "cpu.half_width" in {d.rule for d in k.explain()}
+  assert upcasts == ([8] if depthwise else [8, 8, 2]), opts_of(k)
+  prg = k.to_program()
+  widths = {u.dtype.count for u in prg.uops if u.dtype is not None and u.dtype.scalar() == dtypes.float}
+  assert 8 in widths and 16 not in widths, widths
+  out = Buffer(dev, ref.size, dtypes.float)
+  dev.compile(prg)(out, Buffer(dev, x.size, dtypes.float).copyin(x.ravel()),
+                   Buffer(dev, wgt.size, dtypes.float).copyin(wgt.ravel()), wait=True)
+  np.testing.assert_allclose(out.numpy().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+
 def test_falls_back_to_spec_when_nothing_fits():
   """matmul_odd has no axis divisible by the vector width: the spec's heuristics run."""
   static = protocol(get("matmul_odd").ast, get_renderer("CPU"))

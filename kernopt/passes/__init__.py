@@ -13,7 +13,7 @@ from kernopt.passes.parallel import parallel
 from kernopt.passes.reduce_blocking import reduce_blocking
 from kernopt.passes.sign_bit_negate import sign_bit_negate
 from kernopt.passes.stream_stores import stream_grid_stores, stream_loop_stores
-from kernopt.passes.vectorize import vectorize
+from kernopt.passes.vectorize import half_width, vectorize
 from kernopt.uops import UOp
 
 @dataclass(frozen=True)
@@ -40,7 +40,8 @@ def passes_for(renderer: Any) -> tuple[Pass, ...]:
     ret.append(Pass("stream_stores", stream_grid_stores, (("min_elements", c.stream_min),)))
   if c.split_borders: ret.append(Pass("borders", borders))
   if c.vector_width > 1:
-    ret.append(Pass("vectorize", vectorize, (("width", c.vector_width), ("masked", c.masked_loads))))
+    ret.append(Pass("vectorize", vectorize, (("width", c.vector_width), ("masked", c.masked_loads),
+                                             ("fallback", half_width(c.vector_width)))))
   if c.parallel != "none": ret.append(Pass("parallel", parallel, (("min_work", c.min_parallel_work),)))
   if c.reduce_block: ret.append(Pass("reduce_blocking", reduce_blocking, (("steps", c.reduce_block),)))
   if c.panel_elements: ret.append(Pass("panel_packing", panel_packing, (("max_elements", c.panel_elements),)))

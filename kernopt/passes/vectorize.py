@@ -491,16 +491,27 @@ def drop_dead(uops: list[UOp]) -> list[UOp]:
       live.update(u.src)
   return [u for u, k in zip(uops, keep) if k]
 
-def vectorize(uops: Sequence[UOp], width: int, masked: bool = False) -> list[UOp]:
+def half_width(width: int) -> int:
+  """The narrower vectors a target of `width` lanes also has (an AVX-512 target's 8-lane ymm vectors), else 0:
+  passes_for gives them to vectorize as its fallback, and the CPU heuristics tile a 56-wide conv row with them."""
+  return width // 2 if width >= 16 else 0
+
+def vectorize(uops: Sequence[UOp], width: int, masked: bool = False, fallback: int = 0) -> list[UOp]:
   """uops with groups of `width` scalar lanes packed into vector ops (see the module docstring), without the dead
-  scalar lanes they leave behind. `masked`: contiguous gated loads (padding) become one masked vector LOAD
-  (buf, lane 0's index, int32 lane mask) instead of a gather; the renderer must know that form."""
+  scalar lanes they leave behind; groups of `fallback` lanes when none of `width` packs (0: none). `masked`:
+  contiguous gated loads (padding) become one masked vector LOAD (buf, lane 0's index, int32 lane mask) instead of a
+  gather; the renderer must know that form."""
   uops = list(uops)
   if width < 2: return uops
+  out = _pack(uops, width, masked)
+  if out is uops and fallback >= 2: out = _pack(uops, fallback, masked)
+  return out if out is uops else drop_dead(out)
+
+def _pack(uops: list[UOp], width: int, masked: bool) -> list[UOp]:
+  """The packer's rewrite of uops at `width` (uops itself when nothing packs)."""
   p = _Packer(uops, width, masked)
   p.find_loads()
   p.seed_stores()
   while p.step(): pass
   p.prune()
-  out = p.rewrite()
-  return out if out is uops else drop_dead(out)
+  return p.rewrite()
