@@ -4,6 +4,7 @@ at widths 4, 8, 16): replaying the explanation's Opts on a fresh Kernel gives th
 fact it cites about the kernel equals the fresh kernel's state at that step, and every registered rule is cited by some
 case. The oracle is the fresh Kernel, not the trace."""
 import os
+from dataclasses import replace
 import sys
 import pytest
 from catalogue import buf, kernel, reduce, store
@@ -32,9 +33,12 @@ def protocol(ast, renderer) -> Kernel:
 def extra_cases() -> list:
   """(label, AST, renderer, knobs) for the rules no catalogue case reaches under the default knobs."""
   empty = kernel(store(reduce(ReduceOps.SUM, buf(1, (16, 0)), (1,))))
+  cl16 = replay.profiles()["opencl_cpu"]()
+  cl16.caps = replace(cl16.caps, vector_width=16)
   return [("nolocals", catalogue.get("add").ast, get_renderer("OPENCL"), {"NOLOCALS": 1}),
           ("empty", empty, get_renderer("CPU"), {}),
-          ("dwconv", catalogue.dwconv2d_ast(1, 4, 8, 16), replay.profiles()["opencl_cpu"](), {})]
+          ("dwconv", catalogue.dwconv2d_ast(1, 4, 8, 16), replay.profiles()["opencl_cpu"](), {}),
+          ("conv at width 16", catalogue.conv2d_ast(1, 8, 4, 24, 16), cl16, {})]
 
 @pytest.fixture(scope="module")
 def runs() -> list:

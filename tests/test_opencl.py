@@ -662,6 +662,28 @@ def test_cpu_profile_row_sum_streams_rows_into_vector_accumulators(dev, w):
   assert [(o.op, o.amt) for o in opts] == [(OptOps.UNROLL, 2 * w), (OptOps.UPCAST, 4 if w > 4 else 2)]
   assert f"float{w} acc" in src and vector_access(src, w, "load")
 
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_cpu_profile_conv_rows_no_multiple_of_16_use_float8_at_width_16(dev, depthwise):
+  """Width 16, output rows of 24 columns (the reference's 56 alike): the conv tile takes float8 vectors of columns
+  (rule opencl.half_width for a conv whose channels are rows; a depthwise conv's window rows as at width 8), packed by
+  the vectorize pass's fallback width; the numbers are numpy's."""
+  from tests import catalogue as cat
+  N, C, H, W = 1, 8, 4, 24
+  rng = np.random.default_rng(8)
+  x = rng.standard_normal((N, C, H, W), dtype=np.float32)
+  xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+  if depthwise:
+    ast, wgt = cat.dwconv2d_ast(N, C, H, W), rng.standard_normal((C, 3, 3), dtype=np.float32)
+    ref = cat.dwconv2d_numpy(x, wgt)
+  else:
+    ast, wgt = cat.conv2d_ast(N, C, H, W, 16), rng.standard_normal((16, C, 3, 3), dtype=np.float32)
+    ref = sum(np.einsum("nchw,oc->nohw", xp[:, :, ky:ky + H, kx:kx + W], wgt[:, :, ky, kx]) for ky in range(3)
+              for kx in range(3))
+  got, opts, src = _run_ast(dev, ast, _cpu_profile(dev, 16), {1: x, 2: wgt}, ref.size)
+  np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+  from kernopt.opt import OptOps
+  assert (OptOps.UPCAST, 8) in [(o.op, o.amt) for o in opts] and "float8" in src and "float16" not in src
+
 def test_cpu_profile_elementwise_keeps_lanes_scalar_in_work_groups(dev):
   from tests.catalogue import buf as lbuf, const as lconst, kernel, store
   from kernopt.opt import OptOps
