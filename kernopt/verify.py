@@ -26,6 +26,7 @@ def _reduced(shape: tuple[Any, ...], axes: Any, op: LazyOp) -> tuple[Any, ...]:
     if not 0 <= a < len(shape): raise VerifyError(f"{op.op} axis {a} is out of range for shape {shape_str(shape)}")
   return tuple(1 if i in axes else s for i, s in enumerate(shape))
 
+MAX_ELEMENTS = 2**63 - 1   # the most elements a kernel's iteration space may span: its indices are int64 at most
 _WALKED = frozenset((UnaryOps, BinaryOps, TernaryOps, ReduceOps))
 
 class _Verifier:
@@ -60,6 +61,9 @@ class _Verifier:
     if not isinstance(arg.dtype, DType): raise VerifyError(f"{op.op} buffer has no DType: {arg.dtype!r}")
     if isinstance(arg, MemBuffer) and (isinstance(arg.idx, bool) or not isinstance(arg.idx, int) or arg.idx < -1):
       raise VerifyError(f"{op.op} buffer index must be an int >= -1, got {arg.idx!r}")
+    if (n := prod(d for d in arg.st.shape if isinstance(d, int))) > MAX_ELEMENTS:
+      raise VerifyError(f"{op.op} of shape {shape_str(arg.st.shape)} spans {n} elements, more than int64 indices "
+                        f"address ({MAX_ELEMENTS})")
     return arg
 
   def _check(self, op: LazyOp, local_ok: bool) -> ShapeTracker:

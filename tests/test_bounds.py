@@ -107,6 +107,15 @@ def test_a_shrink_is_refused_only_when_provably_out_of_range():
   lo, hi = st.shrink(((k, 10),)).address_bounds()
   assert (lo, hi) == (k, 10) and st.shrink(((k, 10),)).shape == (10 - k,)
 
+def test_an_iteration_space_past_int64_is_refused_where_the_ast_is_built():
+  """2**40 x 2**40 elements cannot be indexed in int64: VerifyError naming the shape when the kernel is built (it was
+  a ShapeError from a reshape inside the Kernel, which the user never wrote); 2**31 x 2**31 is accepted."""
+  from kernopt.errors import VerifyError
+  for shape in ((2**40, 2**40), (2**62, 2)):
+    with pytest.raises(VerifyError, match=r"more than int64 indices address"):
+      A.kernel(A.store(0, A.load(1, F, shape)))
+  Kernel(A.kernel(A.store(0, A.load(1, F, (2**31, 2**31)))))
+
 # ***** the signature: serialized with the Program, part of the runner's key *****
 
 def test_bounds_round_trip_the_program_cache_and_key_the_runner():
