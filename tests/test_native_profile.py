@@ -10,7 +10,7 @@ import pytest
 import catalogue
 from catalogue import alu, buf, get, kernel, store
 from kernopt.dtype import ImageDType, dtypes
-from kernopt.ops import UnaryOps
+from kernopt.ops import BinaryOps, ReduceOps, UnaryOps
 from kernopt.errors import UnsupportedError
 from kernopt.helpers import config_override
 from kernopt.kernel import Kernel, Opt, OptOps
@@ -241,6 +241,33 @@ def test_matmul_packs_loads_alus_accumulators_and_stores():
   # 4 rows x 2 vectors: 8 accumulators, PHIs and stores; B's two vector loads
   assert v[UOps.DEFINE_ACC] == 8 and v[UOps.PHI] == 8 and v[UOps.STORE] == 8 and v[UOps.LOAD] == 2
   assert not any(u.op is UOps.DEFINE_ACC and u.dtype.count == 1 for u in packed)
+
+@needs_cc
+@pytest.mark.parametrize("padded", [False, True])
+def test_overlapping_window_taps_are_unaligned_vector_loads(padded):
+  """out[x] = sum_k in[x + k] * w[k], 8 outputs a vector, the 3 taps unrolled: the taps' lanes overlap (offsets 0..9),
+  so the packer's load groups hold only some of them; each tap's vector is one load at its own offset (a masked one
+  where the window reads padding), never a gather of scalar loads. The numbers are numpy's."""
+  from kernopt.shape.view import View
+  from kernopt.shape.shapetracker import ShapeTracker
+  n, window = 16, View.create((16, 3), (1, 1))
+  st = ShapeTracker((ShapeTracker.from_shape((n,)).pad(((1, 1),)).views if padded else ()) + (window,))
+  taps = alu(BinaryOps.MUL, buf(1, (n, 3), st=st), buf(2, (n, 3), st=catalogue.view((n, 3), (0, 1))))
+  ast = kernel(store(catalogue.reduce(ReduceOps.SUM, taps, (1,))))
+  r = NativeCRenderer(vector_width=8, threads=1)
+  k = Kernel(ast, opts=r)
+  for o in (Opt(OptOps.UPCAST, 0, 8), Opt(OptOps.UNROLL, 0, 3)): k.apply_opt(o)
+  prg = k.to_program()
+  gathers = re.findall(r"\(float8\)\{(val\d+), (?!\1\b)", prg.src)   # lanes of different values (not a broadcast)
+  assert not gathers and len(re.findall(r"float8 val\d+ = ko_(?:vload|mload)", prg.src)) >= 3, prg.src
+  x = np.random.default_rng(3).standard_normal(n if padded else n + 2, dtype=np.float32)
+  w = np.array([0.5, -1.25, 2.0], np.float32)
+  xp = np.pad(x, 1) if padded else x
+  ref = sum(xp[i:i + n].astype(np.float64) * w[i] for i in range(3))
+  dev = Device.open("CPU", threads=1, vector_width=8)
+  out = Buffer(dev, n, dtypes.float)
+  dev.compile(prg)(out, Buffer(dev, x.size, dtypes.float).copyin(x), Buffer(dev, 3, dtypes.float).copyin(w), wait=True)
+  np.testing.assert_allclose(out.numpy(), ref, rtol=1e-5, atol=1e-5)
 
 def test_no_packing_at_width_one_or_without_contiguous_lanes():
   uops = lin("matmul_64")

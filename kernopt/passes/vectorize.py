@@ -93,6 +93,20 @@ def _vec(dt: DType, w: int) -> DType:
   _VECS[(id(dt), w)] = (dt, ret)   # the entry keeps dt alive: its id is not reused
   return ret
 
+def _consecutive_loads(lanes: tuple[UOp, ...], masked: bool) -> Optional[str]:
+  """Loads of one plain global buffer at consecutive addresses, in lane order: "l" when none is gated (one vector
+  load), "ml" when some are and `masked` allows a masked vector load of them (_maskable), else None."""
+  l0 = lanes[0]
+  if l0.op is not _LOAD or not _plain_global(l0.src[0]): return None
+  base, off = _base_offset(l0.src[1])
+  plain = True
+  for i, ln in enumerate(lanes):
+    if ln.op is not _LOAD or ln.src[0] is not l0.src[0] or _base_offset(ln.src[1]) != (base, off + i): return None
+    if len(ln.src) != 2 or ln.src[1].op is _ALU and ln.src[1].arg is _WHERE:
+      if not (masked and _maskable(ln)): return None
+      plain = False
+  return "l" if plain else "ml"
+
 def _plain_global(buf: UOp) -> bool:
   return buf.op is _DEFINE_GLOBAL and not isinstance(buf.dtype, ImageDType)
 
@@ -268,8 +282,10 @@ class _Packer:
     return added
 
   def tree(self, lanes: tuple[UOp, ...], depth: int) -> Optional[tuple]:
-    """An operand for lanes: ("s", u) one scalar, ("v", group) packed lanes, ("g", lanes) a gather; None if the
-    lanes can't be one vector."""
+    """An operand for lanes: ("s", u) one scalar, ("v", group) packed lanes, ("l", lanes) a vector load of plain loads
+    at consecutive addresses some of which another load group holds (a conv window's taps overlap: each tap's vector
+    is one unaligned load, not a gather of scalars), ("ml", lanes) the same of gated loads as a masked vector load
+    (where the renderer has them), ("g", lanes) a gather; None if the lanes can't be one vector."""
     l0 = lanes[0]
     d0, of = l0.dtype, self.of
     if not _vector_dtype(d0): return None
@@ -284,6 +300,7 @@ class _Packer:
     if n_of == len(lanes):
       gid = of[l0][0]
       if all(of[ln] == (gid, i) for i, ln in enumerate(lanes)): return ("v", gid)
+    if n_of and (kind := _consecutive_loads(lanes, self.masked)) is not None: return (kind, lanes)
     if depth > 24 or n_of or len(set(lanes)) != len(lanes): return ("g", lanes)
     scope = self.scope
     s0 = scope.get(l0)
@@ -301,6 +318,7 @@ class _Packer:
       base, off = _base_offset(l0.src[1])
       if all(_base_offset(ln.src[1]) == (base, off + i) for i, ln in enumerate(lanes)):
         return ("v", self.add("load", lanes))
+    if _consecutive_loads(lanes, self.masked) == "ml": return ("ml", lanes)
     return ("g", lanes)
 
   def tree_phi(self, lanes: tuple[UOp, ...], depth: int) -> Optional[tuple]:
@@ -466,6 +484,11 @@ class _Packer:
           srcs.append(vec[p[1]])
           continue
         if p[0] == "g": b = UOp(_VECTORIZE, vdt, tuple([scalar(x) for x in p[1]]))
+        elif p[0] == "l": b = UOp(_LOAD, vdt, (scalar(p[1][0].src[0]), scalar(p[1][0].src[1])))
+        elif p[0] == "ml":
+          mask = masked_load_mask(p[1])
+          out.extend(_new_index_ops(mask, self.pos, emitted, self.scope[m0]))
+          b = UOp(_LOAD, vdt, (scalar(p[1][0].src[0]), scalar(_index_of(p[1][0])), mask))
         elif p[1].op is _CONST: b = UOp(_CONST, vdt, (), p[1].arg)
         else: b = UOp(_VECTORIZE, vdt, (scalar(p[1]),) * w)
         # interned: a broadcast or gather already emitted in this scope is reused
