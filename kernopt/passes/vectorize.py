@@ -139,11 +139,25 @@ class _Packer:
       elif op is _STORE and len(u.src) == 3 and _plain_global(u.src[0]):
         todo.append(u)
         stores.append(u)
+    self.reset(width)
+
+  def reset(self, width: int) -> _Packer:
+    """Forget every group, to pack at `width` (the list's analysis above is kept)."""
+    self.width = width
     self.groups: list[_Group] = []
     self.of: dict[UOp, tuple[int, int]] = {}
     self.fresh: list[UOp] = []    # members packed since the last step
     self.keys: Optional[dict[UOp, tuple[Any, int]]] = None         # step's key and lane of each candidate op
     self.cands: dict[Any, dict[int, list[UOp]]] = {}                 # key -> lane -> candidate ops
+    return self
+
+  def pack(self) -> list[UOp]:
+    """The list with the groups found at this width packed (the list itself when nothing packs)."""
+    self.find_loads()
+    self.seed_stores()
+    while self.step(): pass
+    self.prune()
+    return self.rewrite()
 
   def add(self, kind: str, members: tuple[UOp, ...], parts: tuple = (), deps: Optional[set[int]] = None) -> int:
     gid = len(self.groups)
@@ -526,15 +540,7 @@ def vectorize(uops: Sequence[UOp], width: int, masked: bool = False, fallback: i
   gather; the renderer must know that form."""
   uops = list(uops)
   if width < 2: return uops
-  out = _pack(uops, width, masked)
-  if out is uops and fallback >= 2: out = _pack(uops, fallback, masked)
-  return out if out is uops else drop_dead(out)
-
-def _pack(uops: list[UOp], width: int, masked: bool) -> list[UOp]:
-  """The packer's rewrite of uops at `width` (uops itself when nothing packs)."""
   p = _Packer(uops, width, masked)
-  p.find_loads()
-  p.seed_stores()
-  while p.step(): pass
-  p.prune()
-  return p.rewrite()
+  out = p.pack()
+  if out is uops and fallback >= 2: out = p.reset(fallback).pack()
+  return out if out is uops else drop_dead(out)
