@@ -25,7 +25,7 @@ from kernopt.helpers import (cache_subdir, count, cache_tmp, diskcache_get, disk
                              remove_stale_tmp, verified_binary)
 from kernopt.renderers import Program, Renderer
 from kernopt.renderers.cstyle import CRenderer
-from kernopt.renderers.native import ISA_LEVELS, NativeCRenderer, isa_facts
+from kernopt.renderers.native import ISA_LEVELS, NativeCRenderer, host_cpu_flags, isa_facts
 from kernopt.runtime import Compiled
 
 BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno")
@@ -44,6 +44,7 @@ class Miscompile:
   last: tuple[int, int, int]
   flags: tuple[str, ...]
   case: str
+  target_flag: str = ""   # only where the target ISA has this CPU flag (/proc/cpuinfo's name; "": any target)
 
 # docs/cpu.md "Known miscompiles". Both gcc 12.2 cases are gcc bugs (no UB: clean under -fsanitize=undefined,address,
 # unchanged by -fwrapv and -fno-strict-aliasing) in the loop vectorizer; the series is covered since the releases
@@ -53,14 +54,20 @@ MISCOMPILES = (
              "SLP reduction of int accumulators through (uint32_t) casts: sum of 16 ints, UNROLL 2 (GCC PR 107212)"),
   Miscompile("gcc", (12, 0, 0), (12, 99, 99), ("-fno-tree-loop-vectorize",),
              "AVX-512VL masked loop vectorization of padded loads: pad(5x6) + 1, UPCAST/PADTO, -march=x86-64-v4"),
+  Miscompile("gcc", (12, 0, 0), (12, 99, 99), ("-mno-avx512fp16",),
+             "SLP vectorization drops float->_Float16->float roundings with AVX512-FP16: a half SUM of rounded "
+             "products, -march=native -funroll-loops", target_flag="avx512_fp16"),
 )
 
-def workaround_flags(identity: tuple[str, tuple[int, int, int]]) -> tuple[str, ...]:
-  """The flags MISCOMPILES prescribes for a compiler identity (name, version), each once, in table order."""
+def workaround_flags(identity: tuple[str, tuple[int, int, int]],
+                     target: frozenset[str] = frozenset()) -> tuple[str, ...]:
+  """The flags MISCOMPILES prescribes for a compiler identity (name, version) building for a target ISA with the CPU
+  flags `target`, each once, in table order."""
   name, version = identity
   out: list[str] = []
   for m in MISCOMPILES:
-    if m.compiler == name and m.first <= version <= m.last: out += [f for f in m.flags if f not in out]
+    if m.compiler == name and m.first <= version <= m.last and (not m.target_flag or m.target_flag in target):
+      out += [f for f in m.flags if f not in out]
   return tuple(out)
 
 # what extra_flags may not hold: flags that change what the build writes or reads (output, language, stopping before
@@ -214,6 +221,7 @@ class CPUDevice(Compiled):
     self._min_work = min_parallel_work
     self._fused = fused_accumulate
     self.isa = isa_facts(march)   # CPU_MARCH: -march and the native profile's ISA facts together
+    self._target: Optional[frozenset[str]] = None
     self._cc: Optional[str] = None
     super().__init__()
 
@@ -239,8 +247,13 @@ class CPUDevice(Compiled):
   def flags(self) -> tuple[str, ...]:
     native = NATIVE_FLAGS + (openmp_flags(self.cc) if self.renderer.caps.parallel == "openmp" else ()) \
       if self.profile == "native" else ()
-    fixes = workaround_flags(compiler_identity(self.cc)) if self.workarounds else ()
+    fixes = workaround_flags(compiler_identity(self.cc), self.target_flags()) if self.workarounds else ()
     return BASE_FLAGS + march_flags(self.cc, self.isa.march) + native + fixes + self.extra_flags
+
+  def target_flags(self) -> frozenset[str]:
+    """The CPU flags of the ISA the binaries are built for: the host's under -march=native, else the level's."""
+    if self._target is None: self._target = host_cpu_flags() if self.isa.march == "native" else self.isa.needs
+    return self._target
 
   def compiler_id(self) -> str:
     version, _, isa = toolchain(self.cc)
