@@ -95,6 +95,8 @@ def compile_many(asts: Iterable[LazyOp], device: Union[str, Compiled, None] = No
   device compiler as soon as it is made, `workers` compiles at once (default: the usable cores; each compiler is its
   own process). A failed AST gives its KernoptError in its place; the others are unaffected."""
   if isinstance(asts, LazyOp): raise VerifyError("compile_many takes an iterable of ASTs, got one LazyOp: use compile")
+  if isinstance(asts, (str, bytes)) or not hasattr(asts, "__iter__"):
+    raise VerifyError(f"compile_many takes an iterable of ASTs, got {type(asts).__name__}")
   dev = _device(device)
   n = workers if workers is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
   if not isinstance(n, int) or isinstance(n, bool) or n < 1:

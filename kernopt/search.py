@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional, Sequence
 import kernopt
 from kernopt import debug, ops
-from kernopt.errors import KernelOptError, KernoptError
+from kernopt.errors import KernelOptError, KernoptError, VerifyError
 from kernopt.helpers import ansistrip, config_override, count, diskcache_get, diskcache_put, getconfig
 from kernopt.kernel import Kernel, Opt, OptOps
 from kernopt.ops import LazyOp
@@ -380,6 +380,18 @@ def _device(kernel: Kernel, buffers: Optional[Sequence[Buffer]], device: Optiona
     if d.renderer is kernel.opts: return d
   return buffers[0].dev if buffers else Device[kernel.opts.caps.device]
 
+def _check_call(what: str, kernel: Any, buffers: Any, config: Any, device: Any) -> None:
+  """VerifyError naming the first argument of a search entry point that is not what it takes."""
+  if not isinstance(kernel, Kernel):
+    raise VerifyError(f"{what} takes a Kernel (Kernel(ast, opts=...)), got {type(kernel).__name__}")
+  if buffers is not None and not (isinstance(buffers, (list, tuple)) and all(isinstance(b, Buffer) for b in buffers)):
+    raise VerifyError(f"{what}: buffers must be None or a list of Buffers, got {type(buffers).__name__} "
+                      f"{str(buffers)[:60]}")
+  if config is not None and not isinstance(config, SearchConfig):
+    raise VerifyError(f"{what}: config must be a SearchConfig or None, got {type(config).__name__}")
+  if device is not None and not isinstance(device, Compiled):
+    raise VerifyError(f"{what}: device must be an opened device (Device.open) or None, got {type(device).__name__}")
+
 def search(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None, config: Optional[SearchConfig] = None,
            var_vals: Optional[dict] = None, device: Optional[Compiled] = None) -> SearchResult:
   """Beam search from kernel's current Opts (and, when it has none, also from the standard protocol's choice, so the
@@ -387,6 +399,7 @@ def search(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None, config: O
   outputs are overwritten) or on seeded random buffers when None, on `device` (default: the buffers' device, else
   the kernel's dialect's). var_vals default to each variable's midpoint. Tensor cores are tried, and the standard
   protocol applies them, at TC_OPT level TC_OPT_LEVEL (2), whatever the knob. No cache."""
+  _check_call("search", kernel, buffers, config, device)
   cfg = config if config is not None else SearchConfig()
   with debug.quiet():   # candidates are no kernels of the user's: no DEBUG line each
     res = _Search(kernel, buffers, cfg, var_vals, device).run()
@@ -451,6 +464,7 @@ def search_or_cached(kernel: Kernel, buffers: Optional[Sequence[Buffer]] = None,
                      var_vals: Optional[dict] = None, device: Optional[Compiled] = None) -> Kernel:
   """The tuned kernel: a cache hit re-applies the stored Opts (milliseconds; an imported entry is validated on
   first use); a miss searches and stores the result."""
+  _check_call("search_or_cached", kernel, buffers, config, device)
   cfg = config if config is not None else SearchConfig()
   dev = _device(kernel, buffers, device)
   key = tuning_key(kernel, dev, cfg)

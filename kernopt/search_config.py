@@ -1,10 +1,11 @@
 """What a search is asked and what it reports: `SearchConfig` (beam width, budget, validation, repeats, limits, the
 build workers), `SearchStats` (what it built, timed, validated, rejected, pruned) and `SearchResult` (the best kernel
-and its time against the standard protocol's). Imports helpers and kernel."""
+and its time against the standard protocol's). Imports errors, helpers and kernel."""
 from __future__ import annotations
 import concurrent.futures as cf
 from dataclasses import dataclass, field
 from typing import Optional
+from kernopt.errors import VerifyError
 from kernopt.helpers import getconfig
 from kernopt.kernel import Kernel
 
@@ -31,9 +32,29 @@ class SearchConfig:
   compile_timeout_s: float = 10.0   # a candidate whose build takes longer is dropped (a CPU compiler is killed)
   min_progress: float = 0.01
   patience: int = 2   # with a time budget, rounds in a row that may fail to improve without ending the search
-  max_upcast_size: int = 256    # product of the upcasted axes
+  max_upcast_size: int = 1024   # product of the upcasted axes (an AVX-512 matmul tile is 256: room to unroll it by 4)
   max_local_size: int = 1024    # threads in a workgroup (also capped by the dialect's max_local_size)
   seed: int = 0
+
+  def __post_init__(self) -> None:
+    def need(ok: bool, what: str, v: object) -> None:
+      if not ok: raise VerifyError(f"SearchConfig.{what}, got {v!r}")
+    def is_int(v: object) -> bool: return type(v) is int
+    def is_num(v: object) -> bool: return type(v) in (int, float) and v == v   # (v == v: not NaN)
+    need(self.beam is None or is_int(self.beam) and self.beam >= 1, "beam must be None or an int >= 1", self.beam)
+    need(self.time_budget_s is None or is_num(self.time_budget_s) and self.time_budget_s > 0,
+         "time_budget_s must be None or seconds > 0", self.time_budget_s)
+    need(self.max_rounds is None or is_int(self.max_rounds) and self.max_rounds >= 0,
+         "max_rounds must be None or an int >= 0", self.max_rounds)
+    for name in ("repeats", "max_upcast_size", "max_local_size"):
+      need(is_int(v := getattr(self, name)) and v >= 1, f"{name} must be an int >= 1", v)
+    for name in ("workers", "patience", "seed"):
+      need(is_int(v := getattr(self, name)) and v >= 0, f"{name} must be an int >= 0", v)
+    for name in ("cutoff", "min_time_s", "compile_timeout_s", "min_progress"):
+      need(is_num(v := getattr(self, name)) and v >= 0, f"{name} must be a number >= 0", v)
+    need(type(self.validate) is bool, "validate must be a bool", self.validate)
+    need(self.executor is None or isinstance(self.executor, cf.Executor), "executor must be a concurrent.futures "
+         "Executor or None", self.executor)
 
   @property
   def width(self) -> int: return self.beam if self.beam is not None else (getconfig().BEAM or 2)

@@ -42,14 +42,20 @@ def _clean_entry(key: Any, entry: Any) -> tuple[Optional[dict], str]:
       ret[name] = v
   return ret, ""
 
+def _check_path(path: object, what: str) -> None:
+  if not isinstance(path, (str, os.PathLike)):
+    raise TuningCacheError(f"{what} takes a file path, got {type(path).__name__} {str(path)[:60]}")
+
 def _read_export(path: str) -> dict:
   """The entries object of a file export_cache wrote; TuningCacheError for anything else."""
+  _check_path(path, "import_cache")
   try:
     with open(path, "rb") as f: data = json.loads(f.read().decode("utf-8"))
   except OSError as e: raise TuningCacheError(f"cannot read tuning cache {path}: {e.strerror or e}") from None
   except RecursionError: raise TuningCacheError(f"{path} is not a tuning cache: nested too deeply") from None
   except ValueError as e: raise TuningCacheError(f"{path} is not a tuning cache: not UTF-8 JSON ({e})") from None
-  if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT or data.get("version") != EXPORT_VERSION:
+  if not isinstance(data, dict) or data.get("format") != EXPORT_FORMAT or type(data.get("version")) is not int or \
+     data.get("version") != EXPORT_VERSION:
     raise TuningCacheError(f"{path} is not a kernopt tuning export (format {EXPORT_FORMAT!r}, version "
                            f"{EXPORT_VERSION}); its top level is a {type(data).__name__}")
   if not isinstance(entries := data.get("entries", {}), dict):
@@ -59,6 +65,7 @@ def _read_export(path: str) -> dict:
 def export_cache(path: str) -> int:
   """Write every tuning entry to one JSON file {"format", "version", "entries": {key: entry}} (atomically); returns
   the count. TuningCacheError when the file can't be written."""
+  _check_path(path, "export_cache")
   entries = {k: e for k, v in diskcache_items(TUNING_TABLE) if (e := _clean_entry(k, v)[0]) is not None}
   tmp = f"{path}.{os.getpid()}.tmp"
   try:

@@ -172,7 +172,8 @@ def test_misused_entry_points_raise_kernopt_errors_that_name_the_problem():
   for bad in (None, "src"):
     with pytest.raises(CompileError, match="compile takes a Program"): cpu.compile(bad)
   ast = A.kernel(A.store(0, A.mul(A.load(1, dtypes.float, (8,)), 2.0)))
-  with pytest.raises(VerifyError, match="compile_many takes an iterable of ASTs"): kernopt.compile_many(ast, "CPU")
+  for bad in (ast, None, 5):   # (a second tester found None and 5: TypeError, not iterable)
+    with pytest.raises(VerifyError, match="compile_many takes an iterable of ASTs"): kernopt.compile_many(bad, "CPU")
   with pytest.raises(VerifyError, match="cache must be a bool"): kernopt.compile(ast, "CPU", cache="yes")
   assert kernopt.check(ast, opts="CPU") == ["opts must be a Renderer (a device's .renderer), got str 'CPU'"]
   prg = Kernel(ast, opts=cpu.renderer).to_program()

@@ -238,6 +238,24 @@ def test_builds_cut_short_by_the_budget_end_the_search(monkeypatch, budget_binds
   finally: s._drop_executor(wait=True)
   assert s.stats.failed == 3 and s.stats.out_of_budget is budget_binds
 
+def test_misused_search_entry_points_raise_kernopt_errors(tmp_path):
+  """Found by an independent tester: each raised AttributeError or TypeError from inside the search or the tuning
+  file, or (a negative budget, beam 0, a version of `true`) was accepted."""
+  from kernopt.errors import TuningCacheError, VerifyError
+  k = kernel_of("add")
+  with pytest.raises(VerifyError, match="search takes a Kernel"): S.search(k.ast)
+  with pytest.raises(VerifyError, match="search_or_cached takes a Kernel"): S.search_or_cached(k.ast)
+  with pytest.raises(VerifyError, match="buffers must be None or a list of Buffers"): S.search(k, [1, 2])
+  with pytest.raises(VerifyError, match="config must be a SearchConfig"): S.search(k, None, {"beam": 2})
+  for bad in ({"time_budget_s": -1}, {"time_budget_s": float("nan")}, {"beam": 0}, {"repeats": 0},
+              {"workers": -1}, {"validate": "yes"}, {"executor": 3}):
+    with pytest.raises(VerifyError, match="SearchConfig"): S.SearchConfig(**bad)
+  for call in (S.import_cache, S.export_cache):
+    with pytest.raises(TuningCacheError, match="takes a file path"): call(None)
+  fake = tmp_path / "v.json"
+  fake.write_text(json.dumps({"format": S.EXPORT_FORMAT, "version": True, "entries": {}}))
+  with pytest.raises(TuningCacheError, match="is not a kernopt tuning export"): S.import_cache(str(fake))
+
 def test_a_converged_search_goes_on_within_its_budget(monkeypatch):
   """With budget left after `patience` rounds without progress, the search continues from the fastest candidates it
   has timed but not expanded (until none is left); a budget-free search stops there."""
