@@ -144,7 +144,7 @@ def _library_calls(k: Kernel) -> tuple[str, ...]:
 
 def _row_broadcasts(k: Kernel, vaxis: int) -> tuple[str, ...]:
   """The inputs broadcast along vaxis that vary along another axis (a per-row value), named for a decision."""
-  return tuple(f"buffer {k.bufs[i].idx} broadcast along the row" for i in input_bufs(k)
+  return tuple(f"input {i} broadcast along the row" for i in input_bufs(k)
                if strides(k, i)[vaxis] == 0 and any(st != 0 for st in strides(k, i)))
 
 def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:

@@ -94,7 +94,8 @@ class OpenCLRenderer(CStyleLanguage):
       any(u.op is UOps.DEFINE_GLOBAL and isinstance(u.dtype, ImageDType) for u in uops)
     return OpenCLContext(workgroup=workgroup_size(uops), fp64=dtypes.float64 in scalars,
                          fp16=dtypes.half in scalars and self.caps.has_fp16, images=images,
-                         stream=any(u.op is UOps.STORE and u.arg is Mark.NONTEMPORAL and u.src[2].dtype.count == 1
+                         stream=any(u.op is UOps.STORE and u.arg is Mark.NONTEMPORAL and
+                                    (dt := u.src[2].dtype) is not None and dt.count == 1
                                     for u in uops),   # (a marked vector store is spelled plain: no fence for it)
                          locals={u.arg[0] for u in uops if u.op is UOps.DEFINE_LOCAL})
 
