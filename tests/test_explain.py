@@ -38,7 +38,8 @@ def extra_cases() -> list:
   return [("nolocals", catalogue.get("add").ast, get_renderer("OPENCL"), {"NOLOCALS": 1}),
           ("empty", empty, get_renderer("CPU"), {}),
           ("dwconv", catalogue.dwconv2d_ast(1, 4, 8, 16), replay.profiles()["opencl_cpu"](), {}),
-          ("conv at width 16", catalogue.conv2d_ast(1, 8, 4, 24, 16), cl16, {})]
+          ("conv at width 16", catalogue.conv2d_ast(1, 8, 4, 24, 16), cl16, {}),
+          ("dwconv, native", catalogue.dwconv2d_ast(1, 4, 8, 16), replay.profiles()["cpu_native_w8"](), {})]
 
 @pytest.fixture(scope="module")
 def runs() -> list:

@@ -188,8 +188,8 @@ def test_reference_convs_run_right_at_every_width(row, w):
 def test_a_conv_row_no_multiple_of_16_tiles_with_8_lane_vectors_at_width_16(depthwise):
   """Width 16, output rows of 24 columns (8 divides them, 16 does not; the reference's 56 alike): vectors of 8 columns
   (rule cpu.half_width), which the vectorize pass packs as its fallback width, not scalar lanes; a conv whose channels
-  are upcast also takes two output rows along the window's slide, a depthwise conv does not. The numbers are
-  numpy's."""
+  are upcast also takes two output rows along the window's slide, a depthwise conv four (rule cpu.window_rows). The
+  numbers are numpy's."""
   N, C, H, W = 1, 8, 4, 24
   rng = np.random.default_rng(7)
   x = rng.standard_normal((N, C, H, W), dtype=np.float32)
@@ -205,7 +205,7 @@ def test_a_conv_row_no_multiple_of_16_tiles_with_8_lane_vectors_at_width_16(dept
   k = protocol(ast, dev.renderer)
   upcasts = [amt for op, _, amt in opts_of(k) if op == "UPCAST"]
   assert "cpu.half_width" in {d.rule for d in k.explain()}
-  assert upcasts == ([8] if depthwise else [8, 8, 2]), opts_of(k)
+  assert upcasts == ([8, 4] if depthwise else [8, 8, 2]), opts_of(k)
   prg = k.to_program()
   widths = {u.dtype.count for u in prg.uops if u.dtype is not None and u.dtype.scalar() == dtypes.float}
   assert 8 in widths and 16 not in widths, widths
@@ -213,6 +213,25 @@ def test_a_conv_row_no_multiple_of_16_tiles_with_8_lane_vectors_at_width_16(dept
   dev.compile(prg)(out, Buffer(dev, x.size, dtypes.float).copyin(x.ravel()),
                    Buffer(dev, wgt.size, dtypes.float).copyin(wgt.ravel()), wait=True)
   np.testing.assert_allclose(out.numpy().reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+
+@needs_cc
+@pytest.mark.parametrize("w", WIDTHS)
+def test_a_depthwise_conv_takes_4_rows_along_the_window_and_unrolls_it(w):
+  """No output axis broadcasts the image (each channel reads its own): one vector of columns (8 lanes at width 16,
+  rule cpu.half_width, for 24 columns), 4 output rows along the window's slide (rule cpu.window_rows), the whole 3x3
+  window unrolled, so the rows share their image rows' loads; the numbers are numpy's."""
+  N, C, H, W = 1, 4, 8, 24
+  ast = catalogue.dwconv2d_ast(N, C, H, W)
+  dev = Device.open("CPU", threads=1, vector_width=w)
+  k = protocol(ast, dev.renderer)
+  lanes = 8 if w == 16 else w
+  assert opts_of(k) == [("UPCAST", 2, lanes), ("UPCAST", 1, 4), ("UNROLL", 1, 0), ("UNROLL", 0, 0)], opts_of(k)
+  rng = np.random.default_rng(w)
+  x, wgt = rng.standard_normal((N, C, H, W), dtype=np.float32), rng.standard_normal((C, 3, 3), dtype=np.float32)
+  out = Buffer(dev, x.size, dtypes.float)
+  dev.compile(k.to_program())(out, Buffer(dev, x.size, dtypes.float).copyin(x.ravel()),
+                              Buffer(dev, wgt.size, dtypes.float).copyin(wgt.ravel()), wait=True)
+  np.testing.assert_allclose(out.numpy().reshape(x.shape), catalogue.dwconv2d_numpy(x, wgt), rtol=1e-5, atol=1e-5)
 
 def test_falls_back_to_spec_when_nothing_fits():
   """matmul_odd has no axis divisible by the vector width: the spec's heuristics run."""
