@@ -105,7 +105,9 @@ class ReduceLowering:
     for members in by_out.values():
       key = tuple(src[m] for m in members)
       if key not in done:
-        if not loops: done[key] = combine(key)
+        # no loop (a reduce axis of 1, or wholly unrolled): the lanes combined from the identity, as an accumulator
+        # would be (a float SUM of -0.0s is +0.0 either way; the simplifier folds an int identity away)
+        if not loops: done[key] = combine((UOp.const(dt, init),) + key if op is BinaryOps.ADD else key)
         else:
           # independent accumulators, one per (output lane, unrolled lane) up to max_accs per reduce: they break
           # the loop-carried dependency chain; the partial results are combined after the loop

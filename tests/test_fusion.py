@@ -533,3 +533,21 @@ def test_storage_float_group_partials_stay_float(name: str, dt: DType, opt: Opt)
   device.compile(k.to_program())(out, Buffer(device, x.size, dt).copyin(x.reshape(-1)), wait=True)
   want = from_storage(to_storage(from_storage(x, dt).astype(np.float64).sum(axis=1), dt), dt)
   np.testing.assert_array_equal(from_storage(out.numpy(), dt), want)
+
+@pytest.mark.parametrize("dev_name,make", DEVICES, ids=[d[0] for d in DEVICES])
+def test_a_float_sum_of_negative_zeros_is_positive_zero(dev_name, make):
+  """SUM starts from its identity +0.0 whether or not a loop remains (a reduce axis of 1, or a wholly unrolled one):
+  -0.0 summed is +0.0, as numpy gives and as a loop's accumulator does. The AST fuzzer read it through a BITCAST:
+  a size-1 SUM returned the element itself, -0.0, on every device."""
+  x = np.array([[-0.0, -0.0], [-0.0, 1.5], [-0.0, -0.0]], np.float32)
+  for shape, opts in (((3, 1), []), ((3, 2), []), ((3, 2), [Opt(OptOps.UNROLL, 0, 0)])):
+    ast = A.kernel(A.store(0, A.bitcast(A.sum(A.load(1, F, shape), 1), dtypes.int32)))
+    k = Kernel(ast, opts=make().renderer)
+    for o in opts: k.apply_opt(o)
+    dev = make()
+    xs = np.ascontiguousarray(x[:, :shape[1]])
+    out = Buffer(dev, 3, dtypes.int32)
+    dev.compile(k.to_program())(out, Buffer(dev, xs.size, F).copyin(xs.reshape(-1)), wait=True)
+    want = np.sum(xs, axis=1, dtype=np.float32)
+    assert np.array_equal(out.numpy(), want.view(np.int32)), (shape, out.numpy(), want)
+    assert (want.view(np.int32)[[0, 2]] == 0).all()   # numpy's own: +0.0

@@ -29,6 +29,12 @@ def upcastmid_image():
 def recip_sum():
   return kernel(store(reduce(ReduceOps.SUM, LazyOp(UnaryOps.RECIP, (buf(1, (1000, 1000)),)), (1,))))
 
+def bitcast_neg_sum():
+  """SUM(BITCAST(int32, NEG(x))): a padded x's NEG is -0.0, whose bits 0x80000000 the sum would add (the AST fuzzer,
+  seed 31000)."""
+  bits = LazyOp(UnaryOps.BITCAST, (LazyOp(UnaryOps.NEG, (buf(1, (3, 17)),)),), dtypes.int32)
+  return kernel(store(reduce(ReduceOps.SUM, bits, (0, 1)), dtype=dtypes.int32))
+
 mm64 = lambda: matmul(64, 64, 64)  # noqa: E731
 
 # (id, builder, dialect, opts applied first, refused opt, message)
@@ -90,6 +96,7 @@ REFUSALS = [
   ("padto-upcasted", ew_add, "CPU", [Opt(U, 0, 4)], Opt(PADTO, 1, 8), "upcasted"),
   ("padto-max-reduce", lambda: sum_axis(1, (1024, 1000), ReduceOps.MAX), "CPU", [], Opt(PADTO, 1, 1024), "not a SUM"),
   ("padto-unsafe-op", recip_sum, "CPU", [], Opt(PADTO, 1, 1024), "pad-safe"),
+  ("padto-bitcast", bitcast_neg_sum, "CPU", [], Opt(PADTO, 0, 32), "pad-safe"),
   ("padto-quadruple", lambda: matmul(100, 37, 53), "CPU", [], Opt(PADTO, 0, 10**9), "quadruples"),
   ("padto-nothing", ew_add, "CPU", [], Opt(PADTO, 0, 1024), "nothing to pad"),
   ("padto-whole-axis", ew_add, "CPU", [], Opt(PADTO, 0, 0), "nothing to pad"),

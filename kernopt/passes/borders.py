@@ -100,7 +100,9 @@ def _structure(uops: list[UOp]) -> tuple[dict[UOp, int], dict[int, tuple[UOp, ..
 
 def _visible(uops: list[UOp], end: int) -> tuple[tuple[UOp, ...], list[UOp]]:
   """The RANGE/IF chain open at position end, and the UOps before it that are in scope there (their own chain is a
-  prefix of it: no block holding them closed before end)."""
+  prefix of it: no block holding them closed before end), with the PHIs of loops closed directly under that prefix:
+  a reduce's value after its loop (the AST fuzzer's seed 31000: a SUM hoisted out of the output loop, whose PHI the
+  interior copy re-emitted as a second update of the accumulator)."""
   scope: list[UOp] = []
   for u in uops[:end]:
     if u.op is _ENDRANGE or u.op is _ENDIF: scope.pop()
@@ -110,7 +112,7 @@ def _visible(uops: list[UOp], end: int) -> tuple[tuple[UOp, ...], list[UOp]]:
   depth = ok = 0   # the open chain's depth, and how much of it is a prefix of here
   for u in uops[:end]:
     if u.op is _ENDRANGE or u.op is _ENDIF: depth, ok = depth - 1, min(ok, depth - 1)
-    if ok == depth: vis.append(u)
+    if ok == depth or (u.op is _PHI and depth == ok + 1): vis.append(u)
     if u.op is _RANGE or u.op is _IF:
       if ok == depth and depth < len(here) and here[depth] is u: ok += 1
       depth += 1
