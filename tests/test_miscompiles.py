@@ -88,9 +88,9 @@ def test_padded_add_avx512(compiler, profile):
 def test_workaround_flags_follow_the_table():
   """workaround_flags reads the table by compiler name and version range (and the target's CPU flags, for an entry
   that needs one), and the flags are in the binary's key."""
-  assert cpu.workaround_flags(("gcc", (12, 2, 0))) == ("-fno-tree-loop-vectorize",)
+  assert cpu.workaround_flags(("gcc", (12, 2, 0))) == ("-fno-tree-loop-vectorize", "-fno-tree-slp-vectorize")
   assert cpu.workaround_flags(("gcc", (12, 2, 0)), frozenset({"avx2", "avx512_fp16"})) == \
-    ("-fno-tree-loop-vectorize", "-mno-avx512fp16")
+    ("-fno-tree-loop-vectorize", "-fno-tree-slp-vectorize", "-mno-avx512fp16")
   assert cpu.workaround_flags(("gcc", (13, 1, 0))) == () and cpu.workaround_flags(("clang", (12, 0, 0))) == ()
   if "gcc" in COMPILERS and cpu.workaround_flags(cpu.compiler_identity(os.path.realpath(shutil.which("gcc")))):
     a, b = device("gcc", "static"), device("gcc", "static", workarounds=False)
@@ -176,3 +176,38 @@ def test_fp16_entry_is_still_needed():
   assert "-mno-avx512fp16" in with_fix.flags() and "-mno-avx512fp16" not in without.flags()
   assert (half_sum(with_fix, []) == expected_half_sum()).all()
   assert (half_sum(without, []) != expected_half_sum()).any()
+
+# ***** gcc 12: SLP vectorization of narrow unsigned compare results gives -1 for true *****
+
+U8_RECIP = np.array([0, 1, 6, 0, 2, 0, 3, 1, 6, 2, 0, 0, 8, 7, 6, 0], np.uint8)
+U8_RECIP_MAX = A.kernel(A.store(0, A.max(A.idiv(A.cast(A.const(1.0, dtypes.float, (16,)), dtypes.uint8),
+                                                A.load(1, dtypes.uint8, (16,))), 0)))
+U8_OPTS = {"none": [], "unroll-4": [Opt(OptOps.UNROLL, 0, 4)], "unroll-all": [Opt(OptOps.UNROLL, 0, 0)]}
+
+def u8_recip_max(dev: cpu.CPUDevice, opts: list) -> int:
+  return int(run(dev, U8_RECIP_MAX, opts, [(U8_RECIP, dtypes.uint8)], 1, dtypes.uint8)[0])
+
+def expected_u8_recip_max() -> int:
+  """max_i 1 // x[i] in uint8, with x / 0 = 0 (kernopt's IDIV): 1, from the ones."""
+  return int(max(1 // int(v) if v else 0 for v in U8_RECIP))
+
+@pytest.mark.parametrize("opts", list(U8_OPTS))
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_uint8_max_of_guarded_reciprocals(compiler, profile, opts):
+  """MAX over b == 0 ? 0 : 1 / b, uint8 (the AST fuzzer's seed 31, case 3003, on the static profile): gcc 12.2 folds
+  1 / b to b == 1 and SLP-vectorizes the compares, whose true lanes stay -1, so the MAX is 255 instead of 1 at -O2 on
+  any x86-64 (plain SSE2 too; uint16 gives 65535; right with -fno-tree-slp-vectorize, and with clang 15)."""
+  assert u8_recip_max(device(compiler, profile), U8_OPTS[opts]) == expected_u8_recip_max()
+
+def test_slp_compare_entry_is_still_needed():
+  """Without the workaround this host's gcc 12 gives 255 (a gcc that gets it right fails here, asking to narrow the
+  entry)."""
+  if "gcc" not in COMPILERS: pytest.skip("no gcc on PATH")
+  cc = os.path.realpath(shutil.which("gcc"))
+  if "-fno-tree-slp-vectorize" not in cpu.workaround_flags(cpu.compiler_identity(cc)):
+    pytest.skip(f"no table entry for {cpu.compiler_identity(cc)}")
+  with_fix, without = device("gcc", "static"), device("gcc", "static", workarounds=False)
+  assert "-fno-tree-slp-vectorize" in with_fix.flags() and "-fno-tree-slp-vectorize" not in without.flags()
+  assert u8_recip_max(with_fix, U8_OPTS["unroll-all"]) == expected_u8_recip_max() == 1
+  assert u8_recip_max(without, U8_OPTS["unroll-all"]) == 255

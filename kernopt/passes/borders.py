@@ -100,19 +100,23 @@ def _structure(uops: list[UOp]) -> tuple[dict[UOp, int], dict[int, tuple[UOp, ..
 
 def _visible(uops: list[UOp], end: int) -> tuple[tuple[UOp, ...], list[UOp]]:
   """The RANGE/IF chain open at position end, and the UOps before it that are in scope there (their own chain is a
-  prefix of it: no block holding them closed before end), with the PHIs of loops closed directly under that prefix:
-  a reduce's value after its loop (the AST fuzzer's seed 31000: a SUM hoisted out of the output loop, whose PHI the
-  interior copy re-emitted as a second update of the accumulator)."""
+  prefix of it: no block holding them closed before end), with the PHIs whose accumulator is in scope: a reduce's
+  value after its loops, however deep they nest (the AST fuzzer's seed 31000: a SUM hoisted out of the output loop,
+  whose PHI the interior copy re-emitted as a second update of the accumulator; seed 31003: the same over two reduce
+  loops)."""
   scope: list[UOp] = []
   for u in uops[:end]:
     if u.op is _ENDRANGE or u.op is _ENDIF: scope.pop()
     if u.op is _RANGE or u.op is _IF: scope.append(u)
   here = tuple(scope)
   vis: list[UOp] = []
+  seen: set[UOp] = set()
   depth = ok = 0   # the open chain's depth, and how much of it is a prefix of here
   for u in uops[:end]:
     if u.op is _ENDRANGE or u.op is _ENDIF: depth, ok = depth - 1, min(ok, depth - 1)
-    if ok == depth or (u.op is _PHI and depth == ok + 1): vis.append(u)
+    if ok == depth or (u.op is _PHI and u.src[0] in seen):
+      vis.append(u)
+      seen.add(u)
     if u.op is _RANGE or u.op is _IF:
       if ok == depth and depth < len(here) and here[depth] is u: ok += 1
       depth += 1

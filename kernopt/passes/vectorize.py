@@ -442,14 +442,17 @@ class _Packer:
         for lane, m in enumerate(groups[gid].members): rep[m] = (gid, lane)
     vec: dict[int, UOp] = {}
     new: dict[UOp, UOp] = {}
-    geps: dict[tuple[int, int], UOp] = {}
+    gep_scope: dict[tuple[int, int], tuple] = {}
     out: list[UOp] = []
     emitted: dict[UOp, tuple] = {}
 
-    def scalar(s: UOp) -> UOp:
+    def scalar(s: UOp, sc: tuple) -> UOp:
+      """s as its reader in scope sc sees it: a packed lane is read back with a GEP, emitted again unless one emitted
+      before is in scope there (a reader in a sibling IF block of the first one's: the borders pass's two copies)."""
       if (gl := rep.get(s)) is None: return new.get(s, s)
-      if (g := geps.get(gl)) is None:
-        g = geps[gl] = UOp(_GEP, s.dtype, (vec[gl[0]],), gl[1])
+      g = UOp(_GEP, s.dtype, (vec[gl[0]],), gl[1])
+      if (at := gep_scope.get(gl)) is None or sc[:len(at)] != at:
+        gep_scope[gl] = sc
         out.append(g)
       return g
 
@@ -460,7 +463,7 @@ class _Packer:
       if u not in rep:
         for s in u.src:
           if s in rep or s in new:
-            nu = UOp(u.op, u.dtype, tuple([scalar(x) for x in u.src]), u.arg)
+            nu = UOp(u.op, u.dtype, tuple([scalar(x, self.scope[u]) for x in u.src]), u.arg)
             new[u] = nu
             out.append(nu)
             break
@@ -478,36 +481,38 @@ class _Packer:
                  emitted: dict[UOp, tuple]) -> None:
     g, w = self.groups[gid], self.width
     m0 = g.members[0]
+    sc = self.scope[m0]
+    lane = lambda s: scalar(s, sc)  # noqa: E731
     dt: DType = (m0.src[2].dtype if g.kind == "store" else m0.dtype)  # type: ignore[assignment]
     vdt = _vec(dt, w)
-    if g.kind == "load": v = UOp(_LOAD, vdt, (scalar(m0.src[0]), scalar(m0.src[1])))
-    elif g.kind == "gather": v = UOp(_VECTORIZE, vdt, tuple(scalar(m) for m in g.members))
+    if g.kind == "load": v = UOp(_LOAD, vdt, (lane(m0.src[0]), lane(m0.src[1])))
+    elif g.kind == "gather": v = UOp(_VECTORIZE, vdt, tuple(lane(m) for m in g.members))
     elif g.kind == "mload":
       # LOAD(buf, lane 0's index, lane mask): bit l set where lane l's gate holds (see `masked_load_mask`)
       mask = masked_load_mask(g.members)
-      out.extend(_new_index_ops(mask, self.pos, emitted, self.scope[m0]))
-      v = UOp(_LOAD, vdt, (scalar(m0.src[0]), scalar(_index_of(m0)), mask))
-    elif g.kind == "acc": v = UOp(_DEFINE_ACC, vdt, tuple(scalar(s) for s in m0.src), m0.arg)
+      out.extend(_new_index_ops(mask, self.pos, emitted, sc))
+      v = UOp(_LOAD, vdt, (lane(m0.src[0]), lane(_index_of(m0)), mask))
+    elif g.kind == "acc": v = UOp(_DEFINE_ACC, vdt, tuple(lane(s) for s in m0.src), m0.arg)
     elif g.kind == "phi": v = UOp(_PHI, vdt, (vec[self.of[m0.src[0]][0]], vec[self.of[m0.src[1]][0]]))
     elif g.kind == "store":
-      v = UOp(_STORE, None, (scalar(m0.src[0]), scalar(m0.src[1]), vec[self.of[m0.src[2]][0]]), m0.arg)
+      v = UOp(_STORE, None, (lane(m0.src[0]), lane(m0.src[1]), vec[self.of[m0.src[2]][0]]), m0.arg)
     else:
       srcs = []
       for p in g.parts:
         if p[0] == "v" or p[0] == "a":
           srcs.append(vec[p[1]])
           continue
-        if p[0] == "g": b = UOp(_VECTORIZE, vdt, tuple([scalar(x) for x in p[1]]))
-        elif p[0] == "l": b = UOp(_LOAD, vdt, (scalar(p[1][0].src[0]), scalar(p[1][0].src[1])))
+        if p[0] == "g": b = UOp(_VECTORIZE, vdt, tuple([lane(x) for x in p[1]]))
+        elif p[0] == "l": b = UOp(_LOAD, vdt, (lane(p[1][0].src[0]), lane(p[1][0].src[1])))
         elif p[0] == "ml":
           mask = masked_load_mask(p[1])
-          out.extend(_new_index_ops(mask, self.pos, emitted, self.scope[m0]))
-          b = UOp(_LOAD, vdt, (scalar(p[1][0].src[0]), scalar(_index_of(p[1][0])), mask))
+          out.extend(_new_index_ops(mask, self.pos, emitted, sc))
+          b = UOp(_LOAD, vdt, (lane(p[1][0].src[0]), lane(_index_of(p[1][0])), mask))
         elif p[1].op is _CONST: b = UOp(_CONST, vdt, (), p[1].arg)
-        else: b = UOp(_VECTORIZE, vdt, (scalar(p[1]),) * w)
+        else: b = UOp(_VECTORIZE, vdt, (lane(p[1]),) * w)
         # interned: a broadcast or gather already emitted in this scope is reused
-        if emitted.get(b) != self.scope[m0]:
-          emitted[b] = self.scope[m0]
+        if emitted.get(b) != sc:
+          emitted[b] = sc
           out.append(b)
         srcs.append(b)
       v = UOp(_ALU, vdt, tuple(srcs), m0.arg)

@@ -54,6 +54,9 @@ MISCOMPILES = (
              "SLP reduction of int accumulators through (uint32_t) casts: sum of 16 ints, UNROLL 2 (GCC PR 107212)"),
   Miscompile("gcc", (12, 0, 0), (12, 99, 99), ("-fno-tree-loop-vectorize",),
              "AVX-512VL masked loop vectorization of padded loads: pad(5x6) + 1, UPCAST/PADTO, -march=x86-64-v4"),
+  Miscompile("gcc", (12, 0, 0), (12, 99, 99), ("-fno-tree-slp-vectorize",),
+             "SLP vectorization of narrow unsigned compare results gives -1 for true: (uint8_t)(x == 1) summed over 4 "
+             "lanes, or a MAX over b == 0 ? 0 : 1 / b (folded to b == 1), gives 255 for 1, at -O2 on any x86-64"),
   Miscompile("gcc", (12, 0, 0), (12, 99, 99), ("-mno-avx512fp16",),
              "SLP vectorization drops float->_Float16->float roundings with AVX512-FP16: a half SUM of rounded "
              "products, -march=native -funroll-loops", target_flag="avx512_fp16"),
