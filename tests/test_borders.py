@@ -268,3 +268,46 @@ def test_padded_matmul_tile_versioned_matches_numpy(w):
   assert opts[0] == "PADTO" and opts == opts0 and ifs > ifs0
   assert versioned.tobytes() == plain.tobytes()
   np.testing.assert_allclose(versioned, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+# ***** reduces hoisted out of the tile loop *****
+
+def _attention_softmax(nq: int, t: int, d: int):
+  """softmax_j(q @ k.T) as one kernel (docs/fusion.md): the row max and the row sum of exp are reduces over the keys
+  that the output loop over keys reads, so the lowerer hoists them above it; q (nq, d) and k (t, d) are loaded through
+  views of the full shape (nq, t, t, t, d)."""
+  from kernopt.ast import exp2, max as rmax, mul, sub, sum as rsum, view, div
+  def score(shape, key_axis):
+    qs = [d if a == 0 else 1 if a == 4 else 0 for a in range(5)]
+    ks = [d if a == key_axis else 1 if a == 4 else 0 for a in range(5)]
+    return rsum(mul(load(1, dtypes.float, view(shape, qs)), load(2, dtypes.float, view(shape, ks))), 4)
+  exp = lambda v: exp2(mul(v, 1.4426950408889634))   # noqa: E731
+  total = rsum(exp(sub(score((nq, t, t, 1, d), 2), rmax(score((nq, t, t, t, d), 3), 3))), 2)
+  return kernel(store(0, div(exp(sub(score((nq, t, 1, 1, d), 1), rmax(score((nq, t, 1, t, d), 3), 3))), total)))
+
+@needs_cc
+@pytest.mark.parametrize("w", WIDTHS)
+def test_interior_copy_reads_reduces_hoisted_before_the_tile_loop(w):
+  """PADTO of the query axis (2 -> 4) gates every load of the hoisted reduces by the same atom the box folds. The
+  interior copy must read their results, not rebuild them over the folded gate: the rebuilt max was updated again
+  inside the copy over the closed loop's index (an independent tester: gcc "'ridx1' undeclared", in about 5% of
+  random Opts on this kernel). Against numpy, and bit for bit against the unversioned kernel."""
+  nq, t, d = 2, 9, 3
+  rng = np.random.default_rng(w)
+  q, kt = rng.standard_normal((nq, d)).astype(np.float32), rng.standard_normal((t, d)).astype(np.float32)
+  s = q.astype(np.float64) @ kt.astype(np.float64).T
+  e = np.exp(s - s.max(1, keepdims=True))
+  outs, ifs = [], []
+  for split in (False, True):
+    dev = Device.open("CPU", threads=1, vector_width=w)
+    dev.renderer.caps = replace(dev.renderer.caps, split_borders=split)
+    k = Kernel(_attention_softmax(nq, t, d), opts=dev.renderer)
+    k.apply_opt(Opt(OptOps.PADTO, 0, 4))
+    prg = k.to_program()
+    ifs.append(sum(u.op is UOps.IF for u in prg.uops))
+    out = Buffer(dev, nq * t, dtypes.float)
+    dev.compile(prg)(out, Buffer(dev, q.size, dtypes.float).copyin(q.reshape(-1)),
+                     Buffer(dev, kt.size, dtypes.float).copyin(kt.reshape(-1)), wait=True)
+    outs.append(out.numpy())
+  assert ifs[1] > ifs[0], "the borders pass did not version this kernel"
+  assert outs[0].tobytes() == outs[1].tobytes()
+  np.testing.assert_allclose(outs[1].reshape(nq, t), e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)

@@ -244,6 +244,14 @@ def split_borders(uops: list[UOp], plan: Optional[Interior] = None) -> list[UOp]
   memo: dict[UOp, UOp] = {a: true for a in plan.folded}
   for r in here:
     if r.op is _RANGE: memo[r] = UOp(UOps.CAST, r.dtype, (r,))
+  # a value a loop closed before the region made (a reduce hoisted out of the tile loop: its accumulator, its PHI and
+  # whatever reads them) is read by the copy as it is: rebuilt over the folded gates, it would redo the reduce's update
+  # inside the copy, over that closed loop's index (the attention softmax with a PADTO'd query axis: "ridx1 undeclared")
+  pinned: set[UOp] = set()
+  for u in visible:
+    if u.op is _ACC or u.op is _PHI or (u.op is _RANGE and u not in here) or any(s in pinned for s in u.src):
+      pinned.add(u)
+      memo[u] = u
   def fast(u: UOp) -> UOp:
     if (hit := memo.get(u)) is not None: return hit
     # the tag keeps every field of the arg: two reduces' own RANGEs of one axis differ only after the first two
