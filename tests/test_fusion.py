@@ -497,6 +497,23 @@ def test_reduce_over_a_symbolic_axis_at_zero_is_its_identity(device: Any, dt: DT
   device.compile(prg)(out, Buffer(device, 3 * 64, dt), var_vals={"m": 0}, wait=True)
   np.testing.assert_array_equal(out.numpy().astype(np.float64), np.full(3, identity))
 
+@pytest.mark.parametrize("optimize", [False, True], ids=["no_opts", "protocol"])
+def test_an_output_axis_at_zero_launches_nothing(device: Any, optimize: bool) -> None:
+  """n = 0 lies in Variable('n', 0, 5): the outputs have no element, the launch does nothing and the buffers keep
+  their contents (an independent tester: OPENCL raised LaunchError for its global size of 0)."""
+  n, m = Variable("n", 0, 5), Variable("m", 1, 8)
+  x = lambda: A.load(1, F, A.view((n, m), (m, 1)))   # noqa: E731
+  k = Kernel(A.kernel(A.store(0, A.sum(x(), 1)), A.store(2, A.max(x(), 1))), opts=device.renderer)
+  if optimize: k.required_optimizations().hand_coded_optimizations()
+  runner = device.compile(k.to_program())
+  x = np.arange(40, dtype=np.float32)
+  for nv, mv in ((0, 3), (3, 4)):
+    outs = [Buffer(device, 8, F).copyin(np.full(8, 7.0, np.float32)) for _ in range(2)]
+    runner(outs[0], Buffer(device, 40, F).copyin(x), outs[1], var_vals={"n": nv, "m": mv}, wait=True)
+    rows = x[:nv * mv].reshape(nv, mv)
+    for out, want in zip(outs, (rows.sum(1), rows.max(1, initial=-np.inf))):
+      np.testing.assert_array_equal(out.numpy(), np.concatenate([want, np.full(8 - nv, 7.0)]).astype(np.float32))
+
 def test_float_to_int_casts_out_of_range_give_zero_everywhere(device: Any) -> None:
   """DESIGN's op semantics: a float CAST to an int truncates, and NaN, inf or a value the int type cannot hold give 0
   (the PYTHON device wrapped them; constant folding wrapped CONST 300.0 -> int8 to 44). The expected values are

@@ -126,6 +126,8 @@ class CompiledRunner:
       raise LaunchError(f"{self.program.name}: wait must be a bool, got {type(wait).__name__} {wait!r}")
     vals = self._check(buffers, var_vals or {})
     gsz, lsz = self.program.launch_dims(vals)
+    # a global dimension of 0 at these values (a Variable at 0): no output element exists, nothing is launched
+    if gsz is not None and 0 in gsz: return 0.0 if wait else None
     # by index: the source's buffer parameters are the used args only, in index order
     handles = [b._arg for a, b in zip(self.program.args, buffers) if a.used]
     if not debug.on(2):
