@@ -104,7 +104,9 @@ def _const_val(val: Any, dtype: DType) -> Any:
   if not isinstance(val, (bool, int, float)):
     raise VerifyError(f"const value must be a bool, int, float or symbolic node, got {type(val).__name__} {val!r}")
   dt = dtype.scalar()
-  if dtypes.is_float(dt): return float(val)
+  if dtypes.is_float(dt):
+    try: return float(val)
+    except OverflowError: raise VerifyError(f"const {str(val)[:40]}... does not fit a float {dt}") from None
   if dt == dtypes.bool:
     if val not in (0, 1): raise VerifyError(f"const {val!r} is not a bool")
     return bool(val)

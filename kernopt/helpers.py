@@ -92,7 +92,7 @@ class Config:
   CL_DEVICE: str = ""
   FUZZ_N: int = 0
   SAVE_ASTS: str = ""   # a directory: every AST a Kernel is built from is saved there as <digest>.json
-  COMPILE_TIMEOUT: float = 0.0   # seconds a device compiler may run before its build fails (0: no limit)
+  COMPILE_TIMEOUT: float = 0.0   # seconds a device compiler may run before its build fails (0, <0, inf, nan: no limit)
 
   @staticmethod
   def from_env(env: Optional[dict[str, str]] = None) -> Config:

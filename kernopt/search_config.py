@@ -2,6 +2,7 @@
 build workers), `SearchStats` (what it built, timed, validated, rejected, pruned) and `SearchResult` (the best kernel
 and its time against the standard protocol's). Imports errors, helpers and kernel."""
 from __future__ import annotations
+import math
 import concurrent.futures as cf
 from dataclasses import dataclass, field
 from typing import Optional
@@ -50,8 +51,9 @@ class SearchConfig:
       need(is_int(v := getattr(self, name)) and v >= 1, f"{name} must be an int >= 1", v)
     for name in ("workers", "patience", "seed"):
       need(is_int(v := getattr(self, name)) and v >= 0, f"{name} must be an int >= 0", v)
-    for name in ("cutoff", "min_time_s", "compile_timeout_s", "min_progress"):
+    for name in ("cutoff", "min_time_s", "min_progress"):
       need(is_num(v := getattr(self, name)) and v >= 0, f"{name} must be a number >= 0", v)
+    need(is_num(v := self.compile_timeout_s) and 0 <= v < math.inf, "compile_timeout_s must be finite seconds >= 0", v)
     need(type(self.validate) is bool, "validate must be a bool", self.validate)
     need(self.executor is None or isinstance(self.executor, cf.Executor), "executor must be a concurrent.futures "
          "Executor or None", self.executor)

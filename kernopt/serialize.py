@@ -6,6 +6,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 from dataclasses import fields
 from enum import Enum
 from typing import Any, Union
@@ -150,14 +151,25 @@ def save_ast(ast: LazyOp, path: Union[str, os.PathLike]) -> str:
   os.replace(tmp, path)
   return path
 
+MAX_AST_FILE_BYTES = 1 << 28   # load_ast reads no more (a /dev/zero or a runaway file is refused, not read)
+
 def load_ast(path: Union[str, os.PathLike]) -> LazyOp:
-  """The AST `save_ast` wrote to `path`, verified. A file that is not a serialized AST raises VerifyError naming it."""
+  """The AST `save_ast` wrote to `path`, verified. A file that is not a serialized AST (not a regular file, over
+  MAX_AST_FILE_BYTES, nested past what the decoder follows) raises VerifyError naming it."""
+  where = os.fspath(path)
   try:
-    with open(path, encoding="utf-8") as f: d = json.load(f)
+    with open(path, "rb") as f:
+      if not stat.S_ISREG(os.fstat(f.fileno()).st_mode): raise VerifyError(f"{where!r} is not a regular file")
+      raw = f.read(MAX_AST_FILE_BYTES + 1)
+    if len(raw) > MAX_AST_FILE_BYTES: raise VerifyError(f"{where!r} is over {MAX_AST_FILE_BYTES} bytes")
+    d = json.loads(raw.decode("utf-8"))
   except (OSError, UnicodeDecodeError, ValueError) as e:
-    raise VerifyError(f"cannot read an AST from {os.fspath(path)!r}: {e}") from e
+    raise VerifyError(f"cannot read an AST from {where!r}: {e}") from e
+  except RecursionError:
+    raise VerifyError(f"cannot read an AST from {where!r}: nested too deeply") from None
   try: ast = ast_from_json(d)
-  except VerifyError as e: raise VerifyError(f"{os.fspath(path)!r}: {e}") from e
+  except VerifyError as e: raise VerifyError(f"{where!r}: {e}") from e
+  except RecursionError: raise VerifyError(f"{where!r}: nested too deeply") from None
   verify_lazyop(ast)
   return ast
 

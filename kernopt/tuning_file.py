@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import warnings
 from typing import Any, Optional
 from kernopt.errors import TuningCacheError
@@ -46,11 +47,18 @@ def _check_path(path: object, what: str) -> None:
   if not isinstance(path, (str, os.PathLike)):
     raise TuningCacheError(f"{what} takes a file path, got {type(path).__name__} {str(path)[:60]}")
 
+MAX_EXPORT_BYTES = 1 << 30   # import_cache reads no more (a /dev/zero or a runaway file is refused, not read)
+
 def _read_export(path: str) -> dict:
   """The entries object of a file export_cache wrote; TuningCacheError for anything else."""
   _check_path(path, "import_cache")
   try:
-    with open(path, "rb") as f: data = json.loads(f.read().decode("utf-8"))
+    with open(path, "rb") as f:
+      if not stat.S_ISREG(os.fstat(f.fileno()).st_mode): raise TuningCacheError(f"{path} is not a regular file")
+      raw = f.read(MAX_EXPORT_BYTES + 1)
+    if len(raw) > MAX_EXPORT_BYTES: raise TuningCacheError(f"{path} is over {MAX_EXPORT_BYTES} bytes")
+    data = json.loads(raw.decode("utf-8"))
+  except TuningCacheError: raise
   except OSError as e: raise TuningCacheError(f"cannot read tuning cache {path}: {e.strerror or e}") from None
   except RecursionError: raise TuningCacheError(f"{path} is not a tuning cache: nested too deeply") from None
   except ValueError as e: raise TuningCacheError(f"{path} is not a tuning cache: not UTF-8 JSON ({e})") from None

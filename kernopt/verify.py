@@ -240,7 +240,21 @@ def verify_lazyop(ast: LazyOp) -> dict[LazyOp, ShapeTracker]:
     if st.shape != first:
       raise VerifyError(f"KERNEL outputs disagree in shape: {shape_str(first)} != {shape_str(st.shape)}")
   _check_buffers(v.sts, seen)
+  _check_variables(v.sts)
   return v.sts
+
+def _check_variables(ops: dict[LazyOp, ShapeTracker]) -> None:
+  """One range per Variable name: the name is the kernel's parameter and the launch's var_vals key (two Variables
+  'q' of different ranges would be two Program.vars for one parameter)."""
+  by_name: dict[str, Any] = {}
+  for op in ops:
+    if op.op not in (BufferOps.LOAD, BufferOps.STORE, BufferOps.CONST): continue
+    found = set(op.arg.st.vars())
+    if op.op is BufferOps.CONST and isinstance(op.arg.val, symbolic.Node): found |= op.arg.val.vars()
+    for var in found:
+      if ((other := by_name.setdefault(var.expr, var)).min, other.max) != (var.min, var.max):
+        raise VerifyError(f"two Variables named {var.expr!r} with different ranges: [{other.min}, {other.max}] and "
+                          f"[{var.min}, {var.max}]")
 
 def _check_buffers(ops: dict[LazyOp, ShapeTracker], stored: dict[int, LazyOp]) -> None:
   """One dtype per global buffer index (its parameter has one type), and no LOAD of a buffer the kernel STOREs: its

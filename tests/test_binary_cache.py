@@ -60,7 +60,7 @@ def test_a_binary_that_never_loads_is_a_compile_error(tmp_path, monkeypatch, com
   with config_override(CACHE_DIR=str(tmp_path)):
     dev, prg = cpu.CPUDevice(), scale_program("scale_noload", 2.0)
     built(dev, prg)
-    def refuse(path): raise OSError(f"{path}: cannot open shared object file")
+    def refuse(path, mode=0): raise OSError(f"{path}: cannot open shared object file")
     monkeypatch.setattr(cpu.ctypes, "CDLL", refuse)
     before = compiler_runs["compile"]
     with pytest.raises(CompileError, match="does not load"): dev.compile(prg)

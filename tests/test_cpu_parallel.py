@@ -1,6 +1,6 @@
-"""Parallel launch on the CPU device: the outermost non-reduce loop is split across threads (OpenMP or a pthread pool
-rendered into the kernel); every output element is computed by one thread in the same order, so results are
-bit-identical to one thread for ints and floats alike."""
+"""Parallel launch on the CPU device: the outermost non-reduce loop is split across threads (OpenMP, or the process's
+one pthread pool that every parallel kernel calls); every output element is computed by one thread in the same order,
+so results are bit-identical to one thread for ints and floats alike."""
 import numpy as np
 import pytest
 from catalogue import get, run_program
@@ -36,8 +36,8 @@ def test_threads_bit_identical(name):
   src1, one = run_case(name, threads=1)
   src2, omp = run_case(name, threads=2, parallel="openmp")
   src3, pth = run_case(name, threads=3, parallel="pthread")
-  assert "#pragma omp" not in src1 and "pthread_create" not in src1
-  assert "num_threads(2)" in src2 and "pthread_create" in src3
+  assert "#pragma omp" not in src1 and "ko_pool1_launch(" not in src1
+  assert "num_threads(2)" in src2 and "ko_pool1_launch(" in src3
   for a, b, c in zip(one, omp, pth):
     assert a.tobytes() == b.tobytes() == c.tobytes()
 
@@ -47,7 +47,7 @@ def test_thread_count_is_in_the_source():
   src4, _ = run_case("add", threads=4, parallel="openmp")
   assert "num_threads(2)" in src2 and "num_threads(4)" in src4
   src3, _ = run_case("add", threads=3, parallel="pthread")
-  assert "ko_workers < 3 - 1" in src3
+  assert ", 3);" in src3 and "ko_pool1_launch(" in src3
 
 def test_threads_default_from_config():
   with config_override(CPU_THREADS=3): assert NativeCRenderer().caps.threads == 3
@@ -59,7 +59,7 @@ def test_small_kernels_run_on_one_thread():
   k = Kernel(get("add").ast, opts=src).required_optimizations().hand_coded_optimizations()
   assert "pthread" not in k.to_program().src
   big = NativeCRenderer(threads=2, min_parallel_work=0)
-  assert "pthread_create" in Kernel(get("add").ast, opts=big).hand_coded_optimizations().to_program().src
+  assert "ko_pool1_launch(" in Kernel(get("add").ast, opts=big).hand_coded_optimizations().to_program().src
 
 def test_no_parallel_loop_without_global_loops():
   """A full reduce has only its reduce loop: running it on several threads would change the order of the sum."""
@@ -83,7 +83,7 @@ def test_fewer_iterations_than_threads():
   k = Kernel(case.ast, opts=dev.renderer)
   for o in (Opt(OptOps.UPCAST, 0, 16), Opt(OptOps.UPCAST, 0, 2), Opt(OptOps.UPCAST, 1, 8)): k.apply_opt(o)
   prg = k.to_program()
-  assert prg.name.startswith("r_2_") and "pthread_create" in prg.src
+  assert prg.name.startswith("r_2_") and "ko_pool1_launch(" in prg.src
   ins = case.inputs(np.random.default_rng(0))
   out = Buffer("CPU", 64 * 64, dtypes.float).copyin(np.full(64 * 64, np.nan, np.float32))
   a, b = (Buffer("CPU", 64 * 64, dtypes.float).copyin(ins[i]) for i in (1, 2))
@@ -146,3 +146,63 @@ def test_collapse_rules():
   k = Kernel(case.ast, opts=r).required_optimizations().hand_coded_optimizations()
   ctx = native_context(k.linearize().uops, "pthread")   # the passes split its reduce into blocks
   assert ctx.loop is not None and ctx.blocks and ctx.inner is None
+
+def _threads_now() -> int:
+  import os
+  return len(os.listdir(f"/proc/{os.getpid()}/task"))
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_every_parallel_kernel_shares_one_pool():
+  """Parallel kernels call one pool per process (renderers/native.py POOL_SOURCE, loaded once by the CPU device), so
+  loading many kernels adds no threads (before, each shared object started its own threads - 1 workers: a framework's
+  few hundred kernels kept hundreds of idle threads). 12 distinct kernels at 3 threads, each checked against numpy."""
+  from kernopt import ast as A
+  dev = Device.open("CPU", threads=3, parallel="pthread", min_parallel_work=0)
+  x = np.random.default_rng(0).standard_normal(4096).astype(np.float32)
+  inp = Buffer(dev, x.size, dtypes.float).copyin(x)
+  counts = []
+  for i in range(12):
+    ast = A.kernel(A.store(0, A.mul(A.load(1, dtypes.float, (64, 64)), float(i) + 0.5)))
+    prg = Kernel(ast, opts=dev.renderer).hand_coded_optimizations().to_program()
+    assert "ko_pool1_launch(" in prg.src and "pthread_create" not in prg.src
+    out = Buffer(dev, x.size, dtypes.float)
+    dev.compile(prg)(out, inp, wait=True)
+    np.testing.assert_array_equal(out.numpy(), x * np.float32(i + 0.5))
+    counts.append(_threads_now())
+  assert max(counts) == counts[0], counts
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_child_forked_during_a_launch_on_another_thread_can_launch():
+  """fork while another thread is inside a parallel launch (an independent tester: the child inherited the pool's
+  launch lock held and hung in about half of 20 forks). The pool's fork handlers wait for that launch and give the
+  child free locks and no workers; each child's own parallel launch must finish, right, within 20 s."""
+  import os
+  import threading
+  import time
+  from kernopt import ast as A
+  n = 1 << 18
+  dev = Device.open("CPU", threads=2, parallel="pthread", min_parallel_work=0)
+  ast = A.kernel(A.store(0, A.mul(A.load(1, dtypes.float, (n,)), 3.0)))
+  runner = dev.compile(Kernel(ast, opts=dev.renderer).hand_coded_optimizations().to_program())
+  x = np.arange(n, dtype=np.float32)
+  xb = Buffer(dev, n, dtypes.float).copyin(x)
+  stop = threading.Event()
+  def busy():
+    out = Buffer(dev, n, dtypes.float)
+    while not stop.is_set(): runner(out, xb, wait=True)
+  th = threading.Thread(target=busy, daemon=True)
+  th.start()
+  try:
+    for _ in range(8):
+      time.sleep(0.005)
+      if (pid := os.fork()) == 0:
+        import signal
+        signal.alarm(20)   # a hung child dies of SIGALRM instead of hanging the test
+        out = Buffer(dev, n, dtypes.float)
+        runner(out, xb, wait=True)
+        os._exit(0 if np.array_equal(out.numpy(), x * 3) else 3)
+      _, status = os.waitpid(pid, 0)
+      assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+  finally:
+    stop.set()
+    th.join()

@@ -27,11 +27,11 @@ mul = kernel(store(alu(BinaryOps.MUL, col, row)))
 k = Kernel(mul, opts=dev.renderer)
 k.apply_opt(Opt(OptOps.UPCAST, 0, 0))
 prg_mul = k.to_program()
-assert "ko_claim" in prg_mul.src and prg_mul.src.index("data1[0]") < prg_mul.src.index("ko_claim(ko_ctx)")
+assert "ko_pool1_claim" in prg_mul.src and prg_mul.src.index("data1[0]") < prg_mul.src.index("ko_pool1_claim(ko_ctx)")
 # a row sum of (64, 32): an accumulator inside the parallel loop
 rows = kernel(store(reduce(ReduceOps.SUM, buf(1, (64, 32)), (1,))))
 prg_sum = Kernel(rows, opts=dev.renderer).to_program()
-assert "ko_claim" in prg_sum.src
+assert "ko_pool1_claim" in prg_sum.src
 run_mul, run_sum = dev.compile(prg_mul), dev.compile(prg_sum)
 rng = np.random.default_rng(0)
 pairs = []

@@ -166,7 +166,14 @@ def test_cpu_extra_flags_and_march(compiler_runs):
                    (["-"], "is not one compiler flag"), (["-O1 -g"], "'-O1 -g' is not one compiler flag"),
                    (["-DX=1\n#include"], "is not one compiler flag"), (["-DX\0"], "is not one compiler flag"),
                    (["-o/tmp/x.so"], "'-o/tmp/x.so' is refused"), (["-xc++"], "refused"), (["-E"], "refused"),
-                   (["-fplugin=/tmp/p.so"], "refused"), (["-B/tmp"], "refused"), (["-specs=/tmp/s"], "refused")]:
+                   (["-fplugin=/tmp/p.so"], "refused"), (["-B/tmp"], "refused"), (["-specs=/tmp/s"], "refused"),
+                   # each of these writes or reads a file it names (an independent tester wrote files outside the
+                   # cache with the first six): preprocessor, assembler and linker options, reports and dumps
+                   (["-Wp,-MD,/tmp/x.d"], "refused"), (["-Wa,-adhln=/tmp/x.lst"], "refused"),
+                   (["-fopt-info-all=/tmp/x"], "refused"), (["-Wl,-Map=/tmp/x.map"], "refused"),
+                   (["-Xlinker"], "refused"), (["--save-temps"], "refused"), (["-da"], "refused"),
+                   (["--dump=x"], "refused"), (["-include/etc/passwd"], "refused"), (["-I/tmp"], "refused"),
+                   (["-L/tmp"], "refused"), (["-lfoo"], "refused"), (["-fstack-usage"], "refused")]:
     with pytest.raises(UnsupportedError, match=msg): cpu.CPUDevice(extra_flags=bad)
   for bad, msg in [(3, "march must be None or one of .*got int 3"), ("pentium4", "got str 'pentium4'"),
                    ("native; rm", "got str"), (True, "got bool")]:
@@ -178,3 +185,56 @@ def test_cpu_extra_flags_and_march(compiler_runs):
   assert not compiler_runs, f"a refused argument reached the compiler: {compiler_runs}"
   assert cpu.CPUDevice(extra_flags=["-DKERNOPT_FRONT=2", "-Wno-unused"]).extra_flags == ("-DKERNOPT_FRONT=2",
                                                                                          "-Wno-unused")
+
+# ***** found by an independent tester (stop 29) *****
+
+def test_unreadable_ast_and_tuning_files_are_kernopt_errors(tmp_path):
+  """A deeply nested JSON file, a device that never ends (/dev/zero) and a directory: kernopt.load raises VerifyError
+  and import_cache TuningCacheError, each naming the file, without reading it all (before: RecursionError, and
+  MemoryError after 2 GiB of /dev/zero)."""
+  import os
+  import kernopt
+  from kernopt import search
+  from kernopt.errors import TuningCacheError
+  deep = tmp_path / "deep.json"
+  deep.write_text("[" * 10000 + "]" * 10000)
+  bad = [str(deep), str(tmp_path)] + (["/dev/zero"] if os.path.exists("/dev/zero") else [])
+  for path in bad:
+    with pytest.raises(VerifyError, match="deep.json|not a regular file|cannot read"): kernopt.load(path)
+  for path in bad[1:]:
+    with pytest.raises(TuningCacheError, match="not a regular file|cannot read"): search.import_cache(path)
+  with pytest.raises(TuningCacheError, match="nested too deeply"): search.import_cache(str(deep))
+
+def test_float_consts_too_big_for_a_float_are_verify_errors():
+  from kernopt import ast as A
+  x = A.load(1, dtypes.float, (4,))
+  for build in (lambda: A.const(10**400, dtypes.float, (4,)), lambda: A.add(x, 10**400), lambda: A.mul(x, 2**1024)):
+    with pytest.raises(VerifyError, match="does not fit a float"): build()
+
+def test_compile_timeouts_that_are_not_finite_positive_mean_no_limit():
+  """COMPILE_TIMEOUT inf, NaN or negative is no limit (it raised OverflowError / ValueError in the compile, or a
+  CompileError 'took over -1 s'); SearchConfig refuses an infinite compile_timeout_s up front."""
+  from kernopt import ast as A
+  from kernopt.helpers import config_override
+  from kernopt.search import SearchConfig
+  with pytest.raises(VerifyError, match="compile_timeout_s must be finite"): SearchConfig(compile_timeout_s=math.inf)
+  dev = cpu.CPUDevice(profile="static")
+  for i, v in enumerate((math.inf, math.nan, -1.0)):
+    ast = A.kernel(A.store(0, A.add(A.load(1, dtypes.float, (8,)), 3.0 + i)))
+    with config_override(COMPILE_TIMEOUT=v, DISABLE_CACHE=1):
+      runner = dev.compile(Kernel(ast, opts=dev.renderer).to_program())
+    out, x = Buffer(dev, 8, dtypes.float), np.arange(8, dtype=np.float32)
+    runner(out, Buffer(dev, 8, dtypes.float).copyin(x), wait=True)
+    np.testing.assert_array_equal(out.numpy(), x + np.float32(3.0 + i))
+
+def test_two_variables_of_one_name_and_different_ranges_are_refused():
+  """The name is the kernel's parameter and the var_vals key: 'q' in [1, 8] and 'q' in [1, 2**40] in one AST were
+  two Program.vars for one parameter (OPENCL failed every launch with pyopencl's TypeError)."""
+  from kernopt import ast as A
+  q1, q2 = Variable("q", 1, 8), Variable("q", 1, 2**40)
+  def build(q):
+    return A.kernel(A.store(0, A.add(A.load(1, dtypes.float, (q1, 4)),
+                                     A.cast(A.const(q, dtypes.int64, (q1, 4)), dtypes.float))))
+  with pytest.raises(VerifyError, match="two Variables named 'q'"): build(q2)
+  ok = build(Variable("q", 1, 8))
+  assert [v.expr for v in Kernel(ok, opts=get_renderer("CPU")).to_program().vars] == ["q"]

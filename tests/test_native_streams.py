@@ -9,7 +9,7 @@ from kernopt.kernel import Kernel
 from kernopt.ops import BinaryOps
 from kernopt.passes import vectorize
 from kernopt.passes.stream_stores import loop_streams as streams
-from kernopt.renderers.native import STREAM_MIN, NativeCRenderer
+from kernopt.renderers.native import POOL_SOURCE, STREAM_MIN, NativeCRenderer
 from kernopt.runtime import Buffer, Device, cpu
 
 needs_cc = pytest.mark.skipif(not cpu.CPUDevice.availability()[0], reason="no C compiler")
@@ -42,7 +42,8 @@ def test_streamed_add_equals_numpy(threads):
   prg = protocol(add_ast(N), dev.renderer).to_program()
   assert "ko_stream_float" in prg.src or dev.renderer.caps.vector_width != 8
   if threads == 1: assert "ko_stream_fence();\n}" in prg.src   # the serial kernel's last statement
-  else: assert "ko_stream_fence(); if (__atomic_add_fetch(&ko_done" in prg.src   # before each chunk is reported
+  else:   # the pool fences each chunk's stores on the thread that made them, before it reports the chunk
+    assert "ko_pool1_launch(" in prg.src and "ko_fence(); if (__atomic_add_fetch(&ko_done" in POOL_SOURCE
   rng = np.random.default_rng(0)
   a, b = rng.standard_normal(N, dtype=np.float32), rng.standard_normal(N, dtype=np.float32)
   out = Buffer("CPU", N, dtypes.float32)

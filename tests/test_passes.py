@@ -111,7 +111,7 @@ def test_parallel_marks_the_outer_loop_when_the_work_pays():
 def test_parallel_add_equals_numpy():
   k = kernel_of("add", native(threads=2))
   uops = parallel(k.lowered_uops, min_work=0)
-  assert "ko_claim" in k.opts.render("k", uops)
+  assert "ko_pool1_claim" in k.opts.render("k", uops)
   run_uops("add", k, uops, threads=2)
 
 # ***** reduce blocking *****
@@ -283,10 +283,10 @@ def test_marks_are_what_the_native_renderer_spells(name):
   k = kernel_of(name, native(threads=2), TILE if name == "matmul_64" else None)
   src = k.opts.render("k", k.uops)
   marked = {loop_mark(u) for u in k.uops if u.op is UOps.RANGE} | {u.arg for u in k.uops if u.op is UOps.STORE}
-  assert ("ko_claim" in src) is (Mark.PARALLEL in marked)
+  assert ("ko_pool1_claim" in src) is (Mark.PARALLEL in marked)
   assert ("ko_stream_" in src) is (Mark.NONTEMPORAL in marked)
   assert any(isinstance(m, ReduceBlock) for m in marked) is ("*16 + 16" in src or "*256 + 256" in src)
-  assert "ko_claim" not in k.opts.render("k", k.lowered_uops)
+  assert "ko_pool1_claim" not in k.opts.render("k", k.lowered_uops)
 
 def test_passes_import_no_renderer():
   """The passes read a renderer only through passes_for's `caps` record: they import nothing of kernopt.renderers."""

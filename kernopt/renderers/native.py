@@ -277,12 +277,12 @@ class NativeCRenderer(CRenderer):
       m = f"(int64_t)({ctx.inner.src[1].arg} - {ctx.inner.src[0].arg})"
       return [f"int64_t {n} = ((int64_t)({end}) - (int64_t)({start})) * {m};",
               f"int64_t {chunk} = ({n} + {chunks - 1}) / {chunks};",
-              f"for (int {c} = ko_claim(ko_ctx); {c} >= 0; {c} = ko_claim(ko_ctx)) "
+              f"for (int {c} = ko_pool1_claim(ko_ctx); {c} >= 0; {c} = ko_pool1_claim(ko_ctx)) "
               f"for (int64_t {f} = {c}*{chunk}; {f} < {n} && {f} < ({c}+1)*{chunk}; {f}++) {{ "
               f"{it} {var} = ({it})({start}) + ({it})({f} / {m});"]
     return [f"int64_t {n} = (int64_t)({end}) - (int64_t)({start});",
             f"int64_t {chunk} = ({n} + {chunks - 1}) / {chunks};",
-            f"for (int {c} = ko_claim(ko_ctx); {c} >= 0; {c} = ko_claim(ko_ctx)) "
+            f"for (int {c} = ko_pool1_claim(ko_ctx); {c} >= 0; {c} = ko_pool1_claim(ko_ctx)) "
             f"for ({it} {var} = ({it})({start} + {c}*{chunk}); "
             f"{var} < {end} && {var} < {start} + ({c}+1)*{chunk}; {var}++) {{"]
 
@@ -316,7 +316,7 @@ class NativeCRenderer(CRenderer):
 
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
     # non-temporal stores are fenced before the work is reported done: here at the end of a serial kernel, in the
-    # pool by each thread before it reports a chunk (ko_claim)
+    # pool by each thread before it reports a chunk (POOL_SOURCE's ko_report)
     ctx = self._context()
     pool = ctx.loop is not None and self.caps.parallel == "pthread"
     if ctx.stream and not pool: body = body + ["  ko_stream_fence();"]
@@ -381,14 +381,23 @@ def _fma_helper(name: str, vt: str, n: int) -> str:
                     f"#if defined(__x86_64__) && defined({isa})", f"  return {fn}(a, b, c{extra});",
                     "#else", f"  {loop}", "#endif", "}"])
 
-# a thread pool per shared object: workers sleep on a condition variable between launches; a launch publishes a job
-# under a new generation, runs chunks itself and waits only for chunks other workers have claimed, never for a
-# worker that has not woken (on a busy machine the launching thread may do all the work). Claims carry the
-# generation, so a late worker can't take a chunk of a later launch. A worker claims its first chunk before it runs
-# the job and reports that chunk only after the job returns: the job's code before the loop (hoisted loads) and after
-# it reads the launcher's arguments, which live only until the launch has every chunk reported.
-_POOL = """typedef struct { long long gen; int have, first; } ko_ctx_t;
-typedef struct { void (*fn)(void*, ko_ctx_t*); void* args; } ko_job_t;
+# The pthread pool: one per process, shared by every parallel kernel (POOL_SOURCE, built and loaded once by the CPU
+# device; kernels declare POOL_ABI and call it). Workers sleep on a condition variable between launches; a launch
+# publishes a job under a new generation, runs chunks itself and waits only for chunks other workers have claimed,
+# never for a worker that has not woken (on a busy machine the launching thread may do all the work). Claims carry
+# the generation, so a late worker can't take a chunk of a later launch. A worker claims its first chunk before it
+# runs the job and reports that chunk only after the job returns: the job's code before the loop (hoisted loads) and
+# after it reads the launcher's arguments, which live only until the launch has every chunk reported. Launches of
+# all kernels are serialized (each uses every worker); the pool grows to the largest thread count asked for.
+POOL_ABI = """typedef struct { long long gen; int have, first, chunks; } ko_ctx_t;
+extern void ko_pool1_launch(void (*fn)(void*, ko_ctx_t*), void* args, int chunks, int threads);
+extern int ko_pool1_claim(ko_ctx_t* c);"""
+
+POOL_SOURCE = """#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+""" + POOL_ABI.replace("extern ", "") + """
+typedef struct { void (*fn)(void*, ko_ctx_t*); void* args; int chunks; } ko_job_t;
 static pthread_mutex_t ko_mu = PTHREAD_MUTEX_INITIALIZER, ko_launch_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t ko_cv = PTHREAD_COND_INITIALIZER;
 static ko_job_t ko_job;
@@ -406,23 +415,26 @@ static int ko_done, ko_workers;
 #endif
 #if defined(__x86_64__) || defined(__i386__)
 #define ko_pause() __builtin_ia32_pause()
+#define ko_fence() __builtin_ia32_sfence()
 #else
 #define ko_pause() __asm__ __volatile__("" ::: "memory")
+#define ko_fence() __atomic_thread_fence(__ATOMIC_SEQ_CST)
 #endif
-static int ko_take(long long gen) {
+static int ko_take(long long gen, int chunks) {
   long long s = __atomic_load_n(&ko_state, __ATOMIC_ACQUIRE);
-  while ((s >> 24) == gen && (s & 0xFFFFFF) < KO_CHUNKS)
+  while ((s >> 24) == gen && (s & 0xFFFFFF) < chunks)
     if (__atomic_compare_exchange_n(&ko_state, &s, s + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
       return (int)(s & 0xFFFFFF);
   return -1;
 }
-static void ko_report(void) {
-  KO_FENCE if (__atomic_add_fetch(&ko_done, 1, __ATOMIC_SEQ_CST) == KO_CHUNKS) ko_wake(&ko_done);
+/* a chunk's non-temporal stores are fenced by the thread that made them before it reports the chunk done */
+static void ko_report(int chunks) {
+  ko_fence(); if (__atomic_add_fetch(&ko_done, 1, __ATOMIC_SEQ_CST) == chunks) ko_wake(&ko_done);
 }
-static int ko_claim(ko_ctx_t* c) {
+int ko_pool1_claim(ko_ctx_t* c) {
   if (c->first >= 0) { int k = c->first; c->first = -1; return k; }
-  if (c->have) ko_report();
-  int k = ko_take(c->gen);
+  if (c->have) ko_report(c->chunks);
+  int k = ko_take(c->gen, c->chunks);
   c->have = k >= 0;
   return k;
 }
@@ -434,51 +446,60 @@ static void* ko_worker(void* unused) {
     seen = ko_gen;
     ko_job_t job = ko_job;
     pthread_mutex_unlock(&ko_mu);
-    ko_ctx_t c = {seen, 0, ko_take(seen)};
+    ko_ctx_t c = {seen, 0, ko_take(seen, job.chunks), job.chunks};
     if (c.first < 0) continue;
     job.fn(job.args, &c);
-    ko_report();
+    ko_report(job.chunks);
   }
   return unused;
 }
-static void ko_launch(void (*fn)(void*, ko_ctx_t*), void* args) {
+/* fork: the child gets the pool's locks free and no workers (its next launch starts its own); fork waits for a launch
+   in flight on another thread, whose locks the child would otherwise inherit held */
+static void ko_prefork(void) { pthread_mutex_lock(&ko_launch_mu); pthread_mutex_lock(&ko_mu); }
+static void ko_parent(void) { pthread_mutex_unlock(&ko_mu); pthread_mutex_unlock(&ko_launch_mu); }
+static void ko_child(void) {
+  ko_workers = 0;
+  pthread_cond_init(&ko_cv, 0);
+  pthread_mutex_unlock(&ko_mu); pthread_mutex_unlock(&ko_launch_mu);
+}
+__attribute__((constructor)) static void ko_pool_init(void) { pthread_atfork(ko_prefork, ko_parent, ko_child); }
+void ko_pool1_launch(void (*fn)(void*, ko_ctx_t*), void* args, int chunks, int threads) {
   pthread_mutex_lock(&ko_launch_mu);
-  for (; ko_workers < KO_THREADS - 1; ko_workers++) {
+  for (; ko_workers < threads - 1; ko_workers++) {
     pthread_t th;
     if (pthread_create(&th, 0, ko_worker, 0) != 0) break;
     pthread_detach(th);
   }
   pthread_mutex_lock(&ko_mu);
-  ko_job = (ko_job_t){fn, args};
+  ko_job = (ko_job_t){fn, args, chunks};
   __atomic_store_n(&ko_done, 0, __ATOMIC_RELAXED);
   ko_gen++;
   __atomic_store_n(&ko_state, ko_gen << 24, __ATOMIC_RELEASE);
   pthread_cond_broadcast(&ko_cv);
   pthread_mutex_unlock(&ko_mu);
-  ko_ctx_t c = {ko_gen, 0, -1};
+  ko_ctx_t c = {ko_gen, 0, -1, chunks};
   fn(args, &c);
   int d;
-  for (int spin = 0; (d = __atomic_load_n(&ko_done, __ATOMIC_ACQUIRE)) < KO_CHUNKS; spin++)
+  for (int spin = 0; (d = __atomic_load_n(&ko_done, __ATOMIC_ACQUIRE)) < chunks; spin++)
     if (spin >= 2048) ko_sleep(&ko_done, d); else ko_pause();
   pthread_mutex_unlock(&ko_launch_mu);
-}"""
+}
+"""
 
 def _pthread_kernel(r: NativeCRenderer, ctx: NativeContext, name: str, params: list[str], body: list[str],
                     preamble: list[str]) -> str:
   """The body as `static void name_part(params, ko_ctx_t* ko_ctx)`; `name` packs its arguments and hands
-  name_part to the shared object's pool (_POOL)."""
+  name_part to the process's pool (POOL_SOURCE, declared by POOL_ABI)."""
   names = [p.split()[-1] for p in params]
   fields = "".join(f" {p.replace(' restrict', '')};" for p in params)
-  pool = _POOL.replace("KO_CHUNKS", str(r.chunks(ctx))).replace("KO_THREADS", str(r.caps.threads)) \
-    .replace("KO_FENCE ", "ko_stream_fence(); " if ctx.stream else "")
-  head = "\n".join([*r.includes, "#include <pthread.h>", "#include <sched.h>", *preamble, pool])
+  head = "\n".join([*r.includes, *preamble, POOL_ABI])
   part = f"static void {name}_part({', '.join(params + ['ko_ctx_t* ko_ctx'])}) {{\n" + "\n".join(body) + "\n}\n"
   args = ", ".join([f"a->{n}" for n in names] + ["c"])
   thr = (f"struct {name}_args {{{fields} }};\n"
          f"static void {name}_job(void* p, ko_ctx_t* c) {{ struct {name}_args* a = p; {name}_part({args}); }}\n")
   main = (f"{r.kernel_prefix}void {name}({', '.join(params)}) {{\n"
           f"  struct {name}_args a = {{{', '.join(names)}}};\n"
-          f"  ko_launch({name}_job, &a);\n}}\n")
+          f"  ko_pool1_launch({name}_job, &a, {r.chunks(ctx)}, {r.caps.threads});\n}}\n")
   return f"{head}\n{part}{thr}{main}"
 
 # ***** the render context: the passes' marks, found in the final list *****

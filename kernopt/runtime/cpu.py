@@ -8,12 +8,14 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import platform
 import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -25,13 +27,16 @@ from kernopt.helpers import (cache_subdir, count, cache_tmp, diskcache_get, disk
                              remove_stale_tmp, verified_binary)
 from kernopt.renderers import Program, Renderer
 from kernopt.renderers.cstyle import CRenderer
-from kernopt.renderers.native import ISA_LEVELS, NativeCRenderer, host_cpu_flags, isa_facts
+from kernopt.renderers.native import ISA_LEVELS, POOL_ABI, POOL_SOURCE, NativeCRenderer, host_cpu_flags, isa_facts
 from kernopt.runtime import Compiled
 
 BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-std=gnu11", "-ffp-contract=off", "-fno-math-errno")
 # native profile only: -funroll-loops unrolls the register tile's reduce loop (4x2 matmul tile, 1 thread, same process:
 # 1024^3 29 -> 35 GF/s, 512^3 35 -> 42 GF/s; -O3 measured no faster than -O2)
 NATIVE_FLAGS = ("-pthread", "-funroll-loops")
+# the process's pthread pool (CPUDevice._load_pool): one for every parallel kernel of every CPU device
+_POOL: Optional[ctypes.CDLL] = None
+_POOL_LOCK = threading.Lock()
 # a Variable parameter's C type, by its width in the signature
 _CTYPES = {dtypes.int32: ctypes.c_int32, dtypes.int64: ctypes.c_int64}
 
@@ -74,10 +79,14 @@ def workaround_flags(identity: tuple[str, tuple[int, int, int]],
   return tuple(out)
 
 # what extra_flags may not hold: flags that change what the build writes or reads (output, language, stopping before
-# the link, dependency files, response output) or that load code or tools from a path
+# the link, dependency files, dumps and reports written beside or anywhere, files or directories read: -include,
+# -I, -L, -l, a linker script), that pass options on to the preprocessor, assembler or linker (-Wp,-MD,FILE,
+# -Wl,-Map=FILE write where they are told), or that load code or tools from a path
 _REFUSED_EXACT = ("-E", "-S", "-c", "-v", "-###", "-pipe", "--version", "-no-integrated-cpp")
 _REFUSED_PREFIXES = ("-o", "-x", "-M", "-B", "-fplugin", "-wrapper", "-specs", "--specs", "--help", "-save-temps",
-                     "-fdump-", "-aux-info")
+                     "--save-temps", "-fdump-", "--dump", "-aux-info", "-d", "-W,", "-Wp,", "-Wa,", "-Wl,", "-Xlinker",
+                     "-Xassembler", "-Xpreprocessor", "-fopt-info", "-fstack-usage", "-fcallgraph-info", "-fprofile",
+                     "-fauto-profile", "-fcreate-profile", "-i", "-I", "-L", "-l", "-T", "-z", "--param=ggc")
 
 def check_extra_flags(flags: Any) -> tuple[str, ...]:
   """extra_flags as a tuple: a list or tuple of str, each one compiler flag ('-' then at least one printable
@@ -282,6 +291,7 @@ class CPUDevice(Compiled):
     if program.global_size is not None or program.local_size is not None:
       raise UnsupportedError(f"{program.name}: the CPU device runs no threads, but the program has "
                              f"global_size={program.global_size}, local_size={program.local_size}")
+    if POOL_ABI in program.src: self._load_pool()   # a parallel kernel of the native profile
     lib = self._load(program.src, program.name)
     try: fn = getattr(lib, program.name)
     except AttributeError: raise CompileError(f"{program.name} is not defined by its source", "", program.src) from None
@@ -289,7 +299,15 @@ class CPUDevice(Compiled):
     fn.restype = None
     return fn
 
-  def _load(self, src: str, name: str) -> ctypes.CDLL:
+  def _load_pool(self) -> None:
+    """The process's thread pool (POOL_SOURCE), built by this device's compiler and loaded once with RTLD_GLOBAL
+    before any parallel kernel: the kernels' shared objects leave its two functions (POOL_ABI) to the loader."""
+    global _POOL
+    if _POOL is not None: return
+    with _POOL_LOCK:
+      if _POOL is None: _POOL = self._load(POOL_SOURCE, "ko_pool1", ctypes.RTLD_GLOBAL)
+
+  def _load(self, src: str, name: str, mode: int = ctypes.DEFAULT_MODE) -> ctypes.CDLL:
     """The loaded shared object of src. From the disk cache only when the cache's record of it (the sha256 of the
     source and of the binary) matches, checked before loading (a truncated file mapped in dies with SIGBUS); a
     mismatch or a load error rebuilds once, a second failure is a CompileError. Without a usable cache (DISABLE_CACHE,
@@ -297,20 +315,20 @@ class CPUDevice(Compiled):
     folder = None if getconfig().DISABLE_CACHE else cache_subdir("cpu")
     if folder is None:
       with tempfile.TemporaryDirectory(prefix="kernopt_cpu_") as d:   # the loaded mapping outlives the file
-        return self._cdll(self._build(src, os.path.join(d, "k.so"), name, record=False), name, src)
+        return self._cdll(self._build(src, os.path.join(d, "k.so"), name, record=False), name, src, mode)
     path = os.path.join(folder, os.path.basename(self.so_path(src)))
     if verified_binary("cpu_binary", path, src) is not None:
       try:
-        lib = ctypes.CDLL(path)
+        lib = ctypes.CDLL(path, mode=mode)
         count("binary_hits")
         return lib
       except OSError: pass   # a binary for another host or libc: rebuilt below
     self._build(src, path, name)
-    return self._cdll(path, name, src)
+    return self._cdll(path, name, src, mode)
 
   @staticmethod
-  def _cdll(path: str, name: str, src: str) -> ctypes.CDLL:
-    try: return ctypes.CDLL(path)
+  def _cdll(path: str, name: str, src: str, mode: int = ctypes.DEFAULT_MODE) -> ctypes.CDLL:
+    try: return ctypes.CDLL(path, mode=mode)
     except OSError as e: raise CompileError(f"the shared object built for {name} does not load: {e}", "", src) from None
 
   def _build(self, src: str, path: str, name: str, record: bool = True) -> str:
@@ -320,7 +338,8 @@ class CPUDevice(Compiled):
     remove_stale_tmp(folder)
     tmp = cache_tmp(path)
     try:
-      limit = getconfig().COMPILE_TIMEOUT or None
+      # COMPILE_TIMEOUT 0, negative, inf or NaN: no limit
+      limit = t if 0 < (t := getconfig().COMPILE_TIMEOUT) < math.inf else None
       try: out = _run([self.cc, *self.flags(), "-x", "c", "-", "-o", tmp, "-lm"], "compile", src, limit)
       except subprocess.TimeoutExpired:   # subprocess.run has killed the compiler
         raise CompileError(f"{self.cc} took over {limit:g} s (COMPILE_TIMEOUT) to compile {name}", "", src) from None
