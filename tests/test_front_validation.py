@@ -238,3 +238,12 @@ def test_two_variables_of_one_name_and_different_ranges_are_refused():
   with pytest.raises(VerifyError, match="two Variables named 'q'"): build(q2)
   ok = build(Variable("q", 1, 8))
   assert [v.expr for v in Kernel(ok, opts=get_renderer("CPU")).to_program().vars] == ["q"]
+
+def test_buffers_refuse_vector_dtypes_and_copyin_of_non_numbers():
+  """A vector-dtype Buffer had nbytes for its lanes but copyin broadcast errors (OPENCL filled a quarter); copyin of a
+  str, objects or a dict raised numpy's errors. Both are LaunchErrors now (an independent tester)."""
+  with pytest.raises(LaunchError, match="must be a scalar"): Buffer("CPU", 10, dtypes.float.vec(4))
+  b = Buffer("CPU", 4, dtypes.float)
+  for junk in ("abcd", np.array([object()] * 4), {"a": 1}, None):
+    with pytest.raises(LaunchError, match="copyin takes an array of numbers"): b.copyin(junk)
+  np.testing.assert_array_equal(b.copyin(np.arange(4)).numpy(), np.arange(4, dtype=np.float32))

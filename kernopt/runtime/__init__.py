@@ -236,6 +236,9 @@ class Buffer:
       size = operator.index(size)
     if not 0 <= size < 1 << 48: raise LaunchError(f"Buffer size must be an int in [0, 2**48), got {size}")
     if (why := storage_dtype_error(dtype)) is not None: raise LaunchError(f"Buffer dtype: {why}")
+    if not isinstance(dtype, ImageDType) and dtype.count != 1:
+      raise LaunchError(f"Buffer dtype must be a scalar (or image) dtype, got the vector {dtype}: make a Buffer of "
+                        f"{dtype.count} times the elements of {dtype.scalar()}")
     if not isinstance(device, (str, Compiled)):
       raise UnsupportedError(f"Buffer device must be a device name or an opened device, got {type(device).__name__}")
     self.dev = device if isinstance(device, Compiled) else Device[device]
@@ -263,7 +266,12 @@ class Buffer:
   def copyin(self, src: Any) -> Buffer:
     """src's elements into this Buffer (as many as it holds), through runtime.to_storage: an array of the storage
     dtype as it is (bfloat16: uint16 bit patterns), any other's values converted. Returns self."""
-    arr = to_storage(np.ascontiguousarray(src).reshape(-1), self.dtype)
+    try: raw = np.ascontiguousarray(src)
+    except (TypeError, ValueError) as e:
+      raise LaunchError(f"copyin takes an array of numbers, got {type(src).__name__}: {str(e)[:120]}") from None
+    if raw.dtype.kind not in "biuf":
+      raise LaunchError(f"copyin takes an array of numbers, got {type(src).__name__} of {raw.dtype}")
+    arr = to_storage(raw.reshape(-1), self.dtype)
     if arr.size != self.size: raise LaunchError(f"copyin of {arr.size} elements into a Buffer of {self.size}")
     self.dev._copyin(self._handle, arr)
     return self

@@ -293,7 +293,7 @@ class CPUDevice(Compiled):
                              f"global_size={program.global_size}, local_size={program.local_size}")
     if POOL_ABI in program.src: self._load_pool()   # a parallel kernel of the native profile
     lib = self._load(program.src, program.name)
-    try: fn = getattr(lib, program.name)
+    try: fn = lib[program.name]   # the exported symbol, never an attribute of the CDLL object (_handle, _name)
     except AttributeError: raise CompileError(f"{program.name} is not defined by its source", "", program.src) from None
     fn.argtypes = [ctypes.c_void_p] * len(program.used_args) + [_CTYPES[a.dtype] for a in program.var_args]
     fn.restype = None
