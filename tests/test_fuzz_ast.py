@@ -48,6 +48,7 @@ CHUNKS = 4
 REGRESSIONS = os.path.join(_HERE, "regressions")
 SENTINEL_BYTE = 0x7B
 REQUEST_TIMEOUT_S = 120.0
+WORKER_CASES = 1000
 MAX_UPCAST_PRODUCT = 64   # random Opts past this many upcasted elements are legal but slow to compile
 
 # ***** the generator *****
@@ -1078,6 +1079,10 @@ def run_fuzz(n: int, seed: int, old_signature: bool = False, shrink_limit: int =
   try:
     for i in range(start, start + n):
       if max_s is not None and time.time() - t0 > max_s: break
+      # a fresh worker every WORKER_CASES cases: each kernel's shared object stays mapped (about 5 mappings), and a
+      # process past vm.max_map_count (65530) fails to load the next one ("failed to map segment", seen at ~3,500
+      # cases of seed 41)
+      if i > start and (i - start) % WORKER_CASES == 0: worker.close()
       case = generate_case(seed, i)
       stats.asts += 1
       stats.tags.update(case.tags)
