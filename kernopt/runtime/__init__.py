@@ -2,7 +2,7 @@
 numpy is used here and below; device drivers are imported lazily, inside the device that needs them.
 Imports debug, dtype, errors, helpers, renderers and shape.symbolic."""
 from __future__ import annotations
-import hashlib, importlib, inspect, operator, time
+import hashlib, importlib, inspect, operator, threading, time
 from typing import Any, Mapping, Optional
 import numpy as np
 from kernopt import __version__, debug
@@ -48,10 +48,15 @@ class Compiled:
   interprets_uops = False        # runs Program.uops itself (PYTHON): its Programs can't come from the program cache
   caches_binaries = False        # compile() stores the binary on disk, where another process's compile() finds it
   warmup_launch = False          # a binary's first launch builds more into an on-disk cache (PoCL: its work-group code)
+  # runners compile() keeps for reuse, least recently used dropped first: a dropped runner that nobody else holds is
+  # freed with its binary (the CPU device unloads the shared object; every loaded one costs about 5 of the process's
+  # vm.max_map_count mappings, 65,530 by default)
+  max_runners = 1024
 
   def __init__(self) -> None:
     self.renderer: Renderer = self._make_renderer()
     self._runners: dict[Any, CompiledRunner] = {}
+    self._runners_lock = threading.Lock()
 
   # -- to implement --
   def _make_renderer(self) -> Renderer: raise NotImplementedError
@@ -83,9 +88,9 @@ class Compiled:
 
   # -- shared --
   def compile(self, program: Program) -> CompiledRunner:
-    """A runner for program, compiled once per whole Program in this process (source, signature, launch dims,
-    variables and their ranges: a runner never checks a launch against another program's signature); devices also
-    cache binaries on disk."""
+    """A runner for program, compiled once per whole Program while this device keeps the runner (source, signature,
+    launch dims, variables and their ranges: a runner never checks a launch against another program's signature; the
+    max_runners most recently used are kept); devices also cache binaries on disk."""
     if not isinstance(program, Program):
       raise CompileError(f"{self.name}.compile takes a Program (Kernel.to_program()), got {type(program).__name__}")
     if not self.interprets_uops and program.device != self.name:
@@ -94,10 +99,15 @@ class Compiled:
     key = (program.src, program.name, program.device, program.global_size, program.local_size, program.args,
            tuple((v.expr, v.min, v.max) for v in program.vars), getattr(program, "var_args", ()))
     compile_s: Optional[float] = None
-    if (runner := self._runners.get(key)) is None:
+    with self._runners_lock:   # compile threads share the table (kernopt.compile_many)
+      if (runner := self._runners.pop(key, None)) is not None: self._runners[key] = runner   # most recent last
+    if runner is None:
       st = time.perf_counter()
-      runner = self._runners[key] = CompiledRunner(self, program, self._compile(program))
+      runner = CompiledRunner(self, program, self._compile(program))
       compile_s = time.perf_counter() - st
+      with self._runners_lock:
+        self._runners[key] = runner
+        while len(self._runners) > max(1, self.max_runners): self._runners.pop(next(iter(self._runners)))
     if debug.on(1):
       events = debug.cache_events()
       if compile_s is None: events["binary"] = "memory"   # this process's runner for this very Program

@@ -17,6 +17,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
 import numpy as np
@@ -36,6 +37,8 @@ BASE_FLAGS = ("-O2", "-fPIC", "-shared", "-std=gnu11", "-ffp-contract=off", "-fn
 NATIVE_FLAGS = ("-pthread", "-funroll-loops")
 # the process's pthread pool (CPUDevice._load_pool): one for every parallel kernel of every CPU device
 _POOL: Optional[ctypes.CDLL] = None
+try: from _ctypes import dlclose as _dlclose   # POSIX
+except ImportError: _dlclose = None
 _POOL_LOCK = threading.Lock()
 # a Variable parameter's C type, by its width in the signature
 _CTYPES = {dtypes.int32: ctypes.c_int32, dtypes.int64: ctypes.c_int64}
@@ -293,6 +296,10 @@ class CPUDevice(Compiled):
                              f"global_size={program.global_size}, local_size={program.local_size}")
     if POOL_ABI in program.src: self._load_pool()   # a parallel kernel of the native profile
     lib = self._load(program.src, program.name)
+    # unloaded once the runner is gone (the function holds the CDLL); never under OpenMP, whose runtime a kernel's
+    # dlclose could unload under its parked threads, and never at exit, when a daemon thread may still run a kernel
+    if _dlclose is not None and "-fopenmp" not in self.flags():
+      weakref.finalize(lib, _dlclose, lib._handle).atexit = False
     try: fn = lib[program.name]   # the exported symbol, never an attribute of the CDLL object (_handle, _name)
     except AttributeError: raise CompileError(f"{program.name} is not defined by its source", "", program.src) from None
     fn.argtypes = [ctypes.c_void_p] * len(program.used_args) + [_CTYPES[a.dtype] for a in program.var_args]
