@@ -354,6 +354,44 @@ def test_vector_max_keeps_nan_semantics(w):
   static.compile(protocol(case.ast, static.renderer).to_program())(out2, Buffer("CPU", x.size, dtypes.float).copyin(x))
   assert out.numpy().tobytes() == out2.numpy().tobytes()
 
+def div_neg_ast(rows: int, cols: int):
+  """y = -(x / d) + x / z: d one value per row (a scalar shared by a row's lanes), x and z elementwise."""
+  from catalogue import view
+  x, z = buf(1, (rows, cols)), buf(3, (rows, cols))
+  d = buf(2, (rows, cols), st=view((rows, cols), (1, 0)))
+  return kernel(store(alu(BinaryOps.ADD, alu(UnaryOps.NEG, alu(BinaryOps.IDIV, x, d)), alu(BinaryOps.IDIV, x, z))))
+
+@needs_cc
+@pytest.mark.parametrize("w", WIDTHS)
+def test_float_division_and_negation_are_vector_ops_bit_identical_to_scalar_c(w):
+  """IDIV (IEEE division on floats) and NEG pack into vector ops, a uniform divisor broadcast (softmax's output loop:
+  exp(x - max) / sum); each lane computes what the spec's scalar C does, bit for bit, at 0, -0, inf, NaN and
+  subnormals."""
+  rows, cols = 4, 64
+  ast, dev = div_neg_ast(rows, cols), Device.open("CPU", threads=2, vector_width=w)
+  k = Kernel(ast, opts=dev.renderer)
+  for o in lanes(1, w): k.apply_opt(o)
+  prg = k.to_program()
+  v = {u.arg for u in prg.uops if u.op is UOps.ALU and u.dtype.count == w}
+  assert {BinaryOps.IDIV, UnaryOps.NEG} <= v and not any(u.op is UOps.STORE and u.src[2].dtype.count == 1
+                                                        for u in prg.uops)
+  rng = np.random.default_rng(3)
+  special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -3e-39, 3.4e38], np.float32)
+  x, z = (rng.choice(np.concatenate([special, rng.standard_normal(16).astype(np.float32)]), (rows, cols))
+          .astype(np.float32) for _ in range(2))
+  d = np.array([0.0, -0.0, 1e-40, 3.0], np.float32)
+  static = Device.open("CPU", profile="static")
+  outs = []
+  for device, opts in ((dev, lanes(1, w)), (static, [])):
+    kk = Kernel(ast, opts=device.renderer)
+    for o in opts: kk.apply_opt(o)
+    out = Buffer("CPU", rows * cols, dtypes.float)
+    device.compile(kk.to_program())(out, *(Buffer("CPU", a.size, dtypes.float).copyin(a) for a in (x, d, z)), wait=True)
+    outs.append(out.numpy())
+  assert outs[0].tobytes() == outs[1].tobytes()
+  with np.errstate(all="ignore"):
+    np.testing.assert_array_equal(outs[1].reshape(rows, cols), -(x / d[:, None]) + x / z)
+
 def test_vector_loads_pinned_to_registers():
   """On x86/ARM hosts a vector load goes through an empty asm, so GCC reads B once per step instead of folding the
   load into each of the tile's multiplies; `pin_loads=None` renders the plain memcpy load (static: no vectors). Width

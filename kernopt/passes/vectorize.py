@@ -17,9 +17,16 @@ _ALU, _BITCAST, _CAST, _CONST = UOps.ALU, UOps.BITCAST, UOps.CAST, UOps.CONST
 _DEFINE_ACC, _DEFINE_GLOBAL = UOps.DEFINE_ACC, UOps.DEFINE_GLOBAL
 _ENDIF, _ENDRANGE, _GEP, _IF, _LOAD, _PHI = UOps.ENDIF, UOps.ENDRANGE, UOps.GEP, UOps.IF, UOps.LOAD, UOps.PHI
 _RANGE, _STORE, _VECTORIZE = UOps.RANGE, UOps.STORE, UOps.VECTORIZE
-_ADD, _WHERE = BinaryOps.ADD, TernaryOps.WHERE
-VECTOR_ALU = frozenset((BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, TernaryOps.MULACC, UnaryOps.EXP2))
+_ADD, _MULACC, _WHERE = BinaryOps.ADD, TernaryOps.MULACC, TernaryOps.WHERE
+# IDIV on float32 is IEEE division, lane by lane as the scalar op
+VECTOR_ALU = frozenset((BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, TernaryOps.MULACC, UnaryOps.EXP2, BinaryOps.IDIV,
+                        UnaryOps.NEG))
 VECTOR_DTYPES = frozenset((dtypes.float32,))
+
+def _packable(u: UOp) -> bool:
+  """An ALU op lanes of which may become one vector op: never the NEG of a MULACC, which sign_bit_negate spells as a
+  scalar sign flip (gcc 12 folds a NEG into the FMA, and -0.0 becomes +0.0)."""
+  return u.arg in VECTOR_ALU and not (u.arg is UnaryOps.NEG and u.src[0].op is _ALU and u.src[0].arg is _MULACC)
 
 @dataclass
 class _Group:
@@ -132,7 +139,7 @@ class _Packer:
         if (us := get_users(s)) is None: users[s] = [u]
         else: us.append(u)
       if op is ALU:
-        if u.arg in VECTOR_ALU and (u.dtype is F32 or _vector_dtype(u.dtype)): todo.append(u)
+        if _packable(u) and (u.dtype is F32 or _vector_dtype(u.dtype)): todo.append(u)
       elif op is LOAD:
         if (len(u.src) == 2 or len(u.src) == 4) and _vector_dtype(u.dtype) and _plain_global(u.src[0]): loads.append(u)
       elif op is _PHI: todo.append(u)
@@ -322,8 +329,7 @@ class _Packer:
       if scope.get(ln) != s0: return ("g", lanes)
     op0, arg0, n0 = l0.op, l0.arg, len(l0.src)
     if op0 is _PHI and all(ln.op is _PHI for ln in lanes): return self.tree_phi(lanes, depth)
-    if op0 is _ALU and all(ln.op is _ALU and ln.arg is arg0 and len(ln.src) == n0 for ln in lanes) and \
-       arg0 in VECTOR_ALU:
+    if op0 is _ALU and all(ln.op is _ALU and ln.arg is arg0 and len(ln.src) == n0 and _packable(ln) for ln in lanes):
       parts = [self.tree(tuple(ln.src[i] for ln in lanes), depth + 1) for i in range(len(l0.src))]
       if any(p is None for p in parts): return ("g", lanes)
       return ("v", self.add("alu", lanes, tuple(parts), {p[1] for p in parts if p is not None and p[0] == "v"}))

@@ -217,6 +217,8 @@ class NativeCRenderer(CRenderer):
     if dt.scalar() != dtypes.float32: raise UnsupportedError(f"{self.dialect_name} has no vector ALU on {dt}")
     if op is BinaryOps.ADD: return f"({srcs[0]}+{srcs[1]})"
     if op is BinaryOps.MUL: return f"({srcs[0]}*{srcs[1]})"
+    if op is BinaryOps.IDIV: return f"({srcs[0]}/{srcs[1]})"   # IEEE per lane (no -ffast-math: never a reciprocal)
+    if op is UnaryOps.NEG: return f"(-{srcs[0]})"
     if op is BinaryOps.MAX:
       vt, it = self.render_dtype(dt), self.render_dtype(dtypes.int32.vec(dt.count))
       name = f"ko_max_{vt}"

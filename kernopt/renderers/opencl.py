@@ -27,7 +27,7 @@ _HELPERS = {
 }
 # float vector ops OpenCL C computes lane-wise itself; every other vector ALU is spelled lane by lane
 _NATIVE_VECTOR_OPS = frozenset((BinaryOps.ADD, BinaryOps.MUL, UnaryOps.NEG, TernaryOps.MULACC, UnaryOps.EXP2,
-                                UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT))
+                                UnaryOps.LOG2, UnaryOps.SIN, UnaryOps.SQRT, BinaryOps.IDIV))
 STREAM_MIN = 1 << 22   # float32 elements a loop-free kernel stores before its scalar stores become non-temporal
 # the end of a streaming kernel: every work-item's stores precede the barrier; one sfence then orders them all, since
 # PoCL runs a work-group's items on one thread (LLVM fences are no-ops for non-temporal stores, mem_fence compiles to
