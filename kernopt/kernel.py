@@ -247,8 +247,9 @@ class Kernel(LoopNest):
 
   def _graph_uops(self) -> None:
     """GRAPHUOPS: the UOp graph as `uops_<name>.dot` in the private folder cache_dir/graphs (and an SVG beside it when
-    graphviz's dot is installed); one warning, and no file, when that folder is not private."""
-    import os, shutil, subprocess
+    graphviz's dot is installed); one warning, and no file, when that folder is not private or the file can't be
+    written."""
+    import hashlib, os, shutil, subprocess, warnings
     from kernopt.helpers import cache_subdir
     ids = {u: i for i, u in enumerate(self.uops)}
     lines = [f"digraph {to_function_name(self.name)} {{", "  node [shape=box];"]
@@ -257,8 +258,15 @@ class Kernel(LoopNest):
       lines.append(f'  n{i} [label="{label}"];')
       lines += [f"  n{ids[s]} -> n{i};" for s in u.src if s in ids]
     if (folder := cache_subdir("graphs")) is None: return
-    path = os.path.join(folder, f"uops_{to_function_name(self.name)}.dot")
-    with open(path, "w") as f: f.write("\n".join(lines + ["}"]) + "\n")
+    stem = to_function_name(self.name)
+    # a name past 100 characters (a long Variable name) is cut, with its digest: a file name has at most 255 bytes
+    if len(stem) > 100: stem = f"{stem[:80]}_{hashlib.sha256(stem.encode()).hexdigest()[:16]}"
+    path = os.path.join(folder, f"uops_{stem}.dot")
+    try:
+      with open(path, "w") as f: f.write("\n".join(lines + ["}"]) + "\n")
+    except OSError as e:
+      warnings.warn(f"GRAPHUOPS: cannot write {path}: {e.strerror or e}", RuntimeWarning, stacklevel=2)
+      return
     shown = path
     if (dot := shutil.which("dot")) is not None:
       svg = path[:-4] + ".svg"

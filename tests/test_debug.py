@@ -179,6 +179,22 @@ def test_graphuops_writes_the_dot_in_a_private_folder(tmp_path, capsys):
     _protocol(CASES["add"].ast, _pinned()).to_program()
   assert not dot.exists()
 
+def test_graphuops_names_a_long_kernel_name_by_its_digest(tmp_path):
+  """A Variable named with 300 characters makes a kernel name no file system takes whole: the file is named by a cut
+  of it and its digest, and a second kernel of another long name gets a file of its own."""
+  from catalogue import alu, buf, kernel, store
+  from kernopt.ops import BinaryOps
+  from kernopt.shape.symbolic import Variable
+  names = []
+  for ch in "vw":
+    x = buf(1, (Variable(ch * 300, 1, 64), 4))
+    with config_override(GRAPHUOPS=1, CACHE_DIR=str(tmp_path)):
+      prg = _protocol(kernel(store(alu(BinaryOps.ADD, x, x))), _pinned()).to_program()
+    names.append(len(prg.uops))
+  files = sorted((tmp_path / "graphs").glob("uops_*.dot"))
+  assert len(files) == 2 and all(len(f.name) < 120 for f in files)
+  assert sorted(f.read_text().count("[label=") for f in files) == sorted(names)
+
 def test_run_process_replay_captures_what_kernopt_replay_rebuilds(tmp_path):
   with config_override(RUN_PROCESS_REPLAY=1, CACHE_DIR=str(tmp_path)):
     prgs = [_protocol(CASES[n].ast, r).to_program() for n, r in
