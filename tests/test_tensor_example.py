@@ -24,6 +24,13 @@ def kernels(*ts: Tensor) -> int: return len(schedule([t.lazy for t in ts]))
 
 # ***** ops against numpy *****
 
+def test_a_zero_dimensional_array_is_a_scalar_tensor() -> None:
+  """np.float32(3) and 2.5 become tensors of shape (), as numpy's arrays of them are, broadcast like numpy."""
+  a, v = Tensor(np.float32(3)), rand(4)
+  assert a.shape == () and Tensor(2.5).shape == ()
+  assert (a * 2).numpy().shape == () and float((a * 2).numpy()) == 6.0
+  np.testing.assert_allclose((a * Tensor(v)).numpy(), np.float32(3) * v, rtol=1e-6)
+
 def test_broadcasting_elementwise_and_movement_ops() -> None:
   a, b = rand(3, 1, 4), rand(5, 1, seed=1)
   ta, tb = Tensor(a), Tensor(b)

@@ -50,7 +50,7 @@ class Lazy:
   @staticmethod
   def from_numpy(data: np.ndarray, device: str, shape: Optional[Sequence[Any]] = None) -> Lazy:
     """A BUFFER holding data; `shape` may name Variables for some axes, bound to data's sizes there."""
-    data = np.ascontiguousarray(data, dtype=np.float32)
+    data = np.asarray(data, dtype=np.float32, order="C")   # (not ascontiguousarray: it makes a 0-d array 1-d)
     shape = tuple(data.shape) if shape is None else tuple(shape)
     if len(shape) != data.ndim: raise ValueError(f"shape {shape} for an array of shape {data.shape}")
     var_vals: dict[str, int] = {}
