@@ -40,6 +40,7 @@ class ReduceLowering:
   range_of: dict[int, UOp]
   range_owner: dict[int, tuple]
   own_ranges: dict[tuple[int, tuple], UOp]
+  reduced: dict[tuple, Lanes]
   paths: dict[LazyOp, tuple]
   acc_n: int
   vp: Optional[VectorPlan]
@@ -79,13 +80,20 @@ class ReduceLowering:
     op = {ReduceOps.SUM: BinaryOps.ADD, ReduceOps.MAX: BinaryOps.MAX}[x.op]  # type: ignore[index]
     init = dtypes.as_const(0 if x.op is ReduceOps.SUM else dtypes.min(dt), dt)
     if any(self.full_shape[a] == 0 for a in x.arg): return [UOp.const(out_dt, init)] * len(self.lanes)  # identity
+    # loops claimed before the source is lowered: a reduce nested in this one over the same axis loops its own copy
     loops, sub = self._reduce_loops(x)
-    if self.vp is not None and x in self.vp.vector: return self._vector_reduce(x, op, dt, init, loops, sub, ups)
-    src = self.lanes_of(x.src[0])
-    if dt != out_dt:
-      src = [u.cast(dt) for u in src]
-      return [u.cast(out_dt) for u in self._scalar_reduce(op, dt, init, loops, sub, ups, src)]
-    return self._scalar_reduce(op, dt, init, loops, sub, ups, src)
+    vector = self.vp is not None and x in self.vp.vector
+    src: Lanes = self.lower(x.src[0]) if vector else self.lanes_of(x.src[0])
+    # a reduce equal to one already lowered (the same op over the same axes of the same source lanes, before its own
+    # loops are substituted) is that one: softmax's row max feeds both its sum and its output, through two views
+    key = (x.op, x.dtype, tuple(x.arg), tuple(src.vecs) if isinstance(src, Vecs) else tuple(src))
+    if (done := self.reduced.get(key)) is None:
+      if isinstance(src, Vecs): done = self._vector_reduce(op, dt, init, loops, sub, ups, src)
+      elif dt != out_dt:
+        done = [u.cast(out_dt) for u in self._scalar_reduce(op, dt, init, loops, sub, ups, [u.cast(dt) for u in src])]
+      else: done = self._scalar_reduce(op, dt, init, loops, sub, ups, src)
+      self.reduced[key] = done
+    return done
 
   def _scalar_reduce(self, op: BinaryOps, dt: DType, init: Any, loops: tuple[UOp, ...], sub: dict[UOp, UOp],
                      ups: list[int], src: list[UOp]) -> list[UOp]:
@@ -121,17 +129,15 @@ class ReduceLowering:
       for m in members: out[m] = done[key]
     return out
 
-  def _vector_reduce(self, x: LazyOp, op: BinaryOps, dt: DType, init: Any, loops: tuple[UOp, ...],
-                     sub: dict[UOp, UOp], ups: list[int]) -> Lanes:
+  def _vector_reduce(self, op: BinaryOps, dt: DType, init: Any, loops: tuple[UOp, ...], sub: dict[UOp, UOp],
+                     ups: list[int], src: Lanes) -> Lanes:
     """A reduce over loops of a source lowered as vectors: vector accumulators numbered as the scalar lanes' would be
     (lane order), so that each is the one the vectorize pass would pack. Over loops only, one accumulator per
     distinct source vector, and vector lanes out. Also over the vector axis (an unrolled reduce), an accumulator per
     lane as for scalar lanes (Scalar when max_accs would make fewer), each output lane group combining its lanes
     after the loop, read back from the vectors."""
     vp = self.vp
-    assert vp is not None and loops
-    src = self.lower(x.src[0])
-    assert isinstance(src, Vecs)
+    assert vp is not None and loops and isinstance(src, Vecs)
     vecs = src.vecs
     if sub:
       memo: dict[UOp, UOp] = {}

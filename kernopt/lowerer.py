@@ -103,6 +103,7 @@ class _Lowerer(ReduceLowering, VectorLowering, Float4Lanes):
     self.paths = reduce_paths(ast)
     self.range_owner: dict[int, tuple] = {}
     self.own_ranges: dict[tuple[int, tuple], UOp] = {}
+    self.reduced: dict[tuple, Lanes] = {}
     self.vstores: dict[LazyOp, list[UOp]] = {}
     self.acc_n = 0
     self.local_n = 0

@@ -229,11 +229,17 @@ def test_symbolic_axis(device: Any, name: str) -> None:
 # ***** the Kernel's view of several reduces *****
 
 def test_one_kernel_each_row_once() -> None:
-  """softmax's reduces don't read the output axis o: each is computed once per row, before the loop over o."""
+  """softmax's reduces don't read the output axis o: each is computed once per row, before the loop over o, and
+  its two row maxes (one under the sum, one for the output, through different views) are one loop."""
   k = Kernel(softmax()[0], opts=get_renderer("CPU"))
   assert len(k.reduceops) == 3 and k.full_shape == (N, M, M, M)
   src = k.to_program().src
-  assert src.count("for (") == 5, src   # rows, then three reduce loops and the output loop inside it
+  assert src.count("for (") == 4, src   # rows, then the max and the sum loops and the output loop inside it
+
+def test_layernorm_takes_each_row_mean_once() -> None:
+  """layernorm's mean under the variance and the mean for the output are one loop: rows, mean, variance, output."""
+  src = Kernel(layernorm()[0], opts=get_renderer("CPU")).to_program().src
+  assert src.count("for (") == 4, src
 
 def test_sibling_reduces_full_shape() -> None:
   """No buffer spans (N, M, D) in sum_and_max: the Kernel tracks the full shape with a tracker of its own."""
