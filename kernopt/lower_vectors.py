@@ -60,10 +60,8 @@ def plan(lw: Any, ast: LazyOp) -> Optional[VectorPlan]:
                                     (x.arg.idx < 0 or isinstance(x.arg.dtype, ImageDType))) or
          (x.op is ReduceOps.SUM and x.dtype in (dtypes.half, dtypes.bfloat16)) for x in ast.lazyops):
     return None   # (a storage-float SUM accumulates in float: lower_reduce does it on scalar lanes)
-  # padded loads stay scalar lanes where the borders pass versions them (it reads the lanes' gates; vectorize then
-  # packs the plain interior)
-  if c.split_borders and any(x.op is BufferOps.LOAD and any(v.mask is not None for v in x.arg.st.views)
-                             for x in ast.lazyops): return None
+  # (padded loads become VECTORIZEs of their gated lanes: the borders pass reads the lanes' gates, vectorize packs
+  # them into one masked load)
   cands = [j for j, s in enumerate(lw.up_sizes) if s % w == 0]
   # the axis the outputs are stored along with unit stride first
   def unit_store(j: int) -> bool:

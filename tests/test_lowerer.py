@@ -466,6 +466,31 @@ def test_vector_lowering_renders_what_the_vectorize_pass_packs(w):
     assert srcs[0] == srcs[1], name
   assert vectorized >= 5
 
+_PADDED = ("conv_64x56_0", "conv_16x32_s1_0", "conv_16x32_s2_0", "dwconv_64x56_0")
+
+def test_padded_windows_lower_to_vectors_that_render_as_the_packed_lanes():
+  """The reference scheduler's padded convolutions (benchmarks/asts/reference) under the heuristics at widths 4, 8 and
+  16: the lowerer's vectors (gated lanes as one VECTORIZE, which the borders pass versions and vectorize packs into
+  one masked load) render byte for byte as the scalar lowering packed, from a list of fewer UOps where the tile has
+  vectors."""
+  import os
+  import kernopt
+  from kernopt.kernel import Kernel
+  from kernopt.passes import passes_for, run_passes
+  root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "asts", "reference")
+  vectorized = 0
+  for name, w in itertools.product(_PADDED, WIDTHS):
+    r = native(w)
+    k = Kernel(kernopt.load(os.path.join(root, name + ".json")), opts=r).required_optimizations()
+    ast = k.hand_coded_optimizations().get_optimized_ast()
+    lows = [linearize(lower(ast, r, vectors=vectors), r) for vectors in (True, False)]
+    if any(u.dtype is not None and u.dtype.count > 1 for u in lows[0]):
+      vectorized += 1
+      assert len(lows[0]) < len(lows[1]), (name, w)
+    srcs = [r.render("k", run_passes(low, passes_for(r))) for low in lows]
+    assert srcs[0] == srcs[1], (name, w)
+  assert vectorized >= 5
+
 def test_a_loop_invariant_broadcast_read_twice_keeps_scalar_lanes():
   """out[m, n] = sum_k a[k, n] * s[m]: the vectorize pass broadcasts s[m] inside the reduce loop, the linearizer would
   hoist a broadcast built by the lowerer out of it. Read once (8 lanes of n, one vector) the renderer spells it

@@ -19,7 +19,7 @@ _RANGE, _ENDRANGE, _ACC, _IF, _ENDIF = UOps.RANGE, UOps.ENDRANGE, UOps.DEFINE_AC
 _ADD, _MUL, _CMPLT, _AND, _WHERE = BinaryOps.ADD, BinaryOps.MUL, BinaryOps.CMPLT, BinaryOps.AND, TernaryOps.WHERE
 # what a versioned region may hold: the reduce loops, their accumulators, loads, index and value math, stores
 _REGION_OPS = frozenset((_ALU, _CONST, _LOAD, _STORE, _PHI, _RANGE, _ENDRANGE, _ACC, UOps.CAST, UOps.BITCAST, _IF,
-                         _ENDIF))
+                         _ENDIF, UOps.VECTORIZE, UOps.GEP))
 _INDEX_DTYPES = (dtypes.int32, dtypes.int64)
 
 Affine = tuple[dict[UOp, int], int]
@@ -73,7 +73,7 @@ class Interior:
   """A versioning plan: the region [start, end) of the list (the reduce nest and stores inside `loop`, the innermost
   output loop), the box (RANGE, lo, hi) of output-loop values (lo <= RANGE <= hi) where the `folded` gate atoms all
   hold, how many of its `gated` loads lose their gate there, the box's share of those loops' iterations, and the
-  region's UOps, stores and accumulators."""
+  region's UOps, stored lanes (a vector store counts its lanes, as its gated loads do) and accumulators."""
   loop: UOp
   start: int
   end: int
@@ -176,8 +176,9 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   fraction = 1.0
   for c, (lo, hi) in box.items(): fraction *= (hi - lo + 1) / (vmax(c) - vmin(c) + 1)
   order = {r: i for i, r in enumerate(outer)}
+  lanes_stored = sum(u.src[2].dtype.count if u.src[2].dtype is not None else 1 for u in region if u.op is _STORE)
   return Interior(loop, start, le, tuple((c, lo, hi) for c, (lo, hi) in sorted(box.items(), key=lambda t: order[t[0]])),
-                  folded, len(gated), ungated, fraction, len(region), sum(u.op is _STORE for u in region),
+                  folded, len(gated), ungated, fraction, len(region), lanes_stored,
                   sum(u.op is _ACC for u in region))
 
 # ***** the rule: cpu.padded_interior, a pure function of the plan (docs/cpu.md, "Padded interiors") *****
