@@ -1,4 +1,5 @@
-"""Test setup: tests/ on sys.path (for `import catalogue`) and a private on-disk cache for this session, set before
+"""Test setup: tests/ and the repository root on sys.path (for `import catalogue` and `import examples`, under plain
+`pytest` as under `python -m pytest`) and a private on-disk cache for this session, set before
 kernopt reads the environment (kernopt.helpers reads it once, at import)."""
 import atexit
 import os
@@ -10,6 +11,7 @@ _cache = tempfile.mkdtemp(prefix="kernopt-test-cache-")
 os.environ["XDG_CACHE_HOME"] = _cache
 atexit.register(shutil.rmtree, _cache, ignore_errors=True)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+if (_root := os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) not in sys.path: sys.path.insert(1, _root)
 
 import collections  # noqa: E402
 import pytest  # noqa: E402
