@@ -127,3 +127,53 @@ def test_disk_cache_across_processes_and_flags(tmp_path, compiler_runs):
 def test_compiler_id_names_compiler_flags_and_isa():
   cid = Device["CPU"].compiler_id()
   assert cpu.find_compiler() in cid and "-O2" in cid and "-ffp-contract=off" in cid and "-ffast-math" not in cid
+
+# ***** the launch memo: a program without Variables launched again with the very same Buffers *****
+
+def _add_runner():
+  import catalogue
+  from kernopt.kernel import Kernel
+  dev = Device["CPU"]
+  k = Kernel(catalogue.get("add").ast, opts=dev.renderer).required_optimizations().hand_coded_optimizations()
+  prg = k.to_program()
+  assert not prg.vars
+  return dev, dev.compile(prg), [a.min_size for a in prg.args]
+
+def _filled(dev, n, rng, dtype=dtypes.float32):
+  return Buffer(dev, n, dtype).copyin(rng.standard_normal(n).astype(np.float32))
+
+def test_a_launch_with_other_buffers_is_checked_again_after_a_passing_one():
+  """The runner skips its checks only for the very Buffer objects of its last checked launch: a smaller, a wrongly
+  typed or an aliased buffer set right after a passing launch is refused, and the passing set still runs right."""
+  dev, runner, sizes = _add_runner()
+  rng = np.random.default_rng(3)
+  out, a, b = Buffer(dev, sizes[0], dtypes.float32), _filled(dev, sizes[1], rng), _filled(dev, sizes[2], rng)
+  for _ in range(3):
+    runner(out, a, b, wait=True)
+    np.testing.assert_array_equal(out.numpy(), a.numpy() + b.numpy())
+  with pytest.raises(LaunchError, match="holds"): runner(Buffer(dev, sizes[0] - 1, dtypes.float32), a, b)
+  with pytest.raises(LaunchError, match="dtype"): runner(Buffer(dev, sizes[0], dtypes.int32), a, b)
+  with pytest.raises(LaunchError, match="same Buffer"): runner(out, out, b)
+  with pytest.raises(LaunchError, match="takes 3 buffers"): runner(out, a)
+  runner(out, a, b, wait=True)
+  with pytest.raises(LaunchError, match="same Buffer"): runner(out, a, out)
+  a.copyin(rng.standard_normal(sizes[1]).astype(np.float32))
+  runner(out, b, a, wait=True)   # the same objects in other places: checked, and read in the new order
+  np.testing.assert_array_equal(out.numpy(), b.numpy() + a.numpy())
+  runner(out, a, b, wait=True)
+  np.testing.assert_array_equal(out.numpy(), a.numpy() + b.numpy())
+
+def test_a_runner_keeps_no_buffer_alive():
+  import gc
+  import weakref
+  dev, runner, sizes = _add_runner()
+  rng = np.random.default_rng(4)
+  bufs = [Buffer(dev, sizes[0], dtypes.float32), _filled(dev, sizes[1], rng), _filled(dev, sizes[2], rng)]
+  runner(*bufs, wait=True)
+  refs = [weakref.ref(b) for b in bufs]
+  del bufs
+  gc.collect()
+  assert all(r() is None for r in refs)
+  # a new set (which may reuse the dead ones' ids) is checked: one too small is refused
+  with pytest.raises(LaunchError, match="holds"):
+    runner(Buffer(dev, 1, dtypes.float32), _filled(dev, sizes[1], rng), _filled(dev, sizes[2], rng))
