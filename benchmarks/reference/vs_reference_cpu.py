@@ -3,7 +3,8 @@ per row and round, benchmarks/reference/setup_reference.sh), kernopt's CPU devic
 ASTs (standard protocol), numpy at 1 and 2 BLAS threads (conv as im2col: sliding_window_view, one copy to
 (Cin*9, Ho*Wo), one np.matmul), and two yardsticks measured in the same run: a peak-FMA loop (C, gcc -O3
 -march=native, independent FMAs on vector registers) on 1 and 2 cores, and a 64 MiB np.copyto. Every round measures
-every row once, row by row (the reference, kernopt, numpy back to back); ratios are taken within a round; the table
+every row once, row by row (the reference, kernopt, numpy back to back, each warmed up once, in an order that rotates
+every round); ratios are taken within a round; the table
 shows medians over rounds. Every kernopt result is checked against numpy and the reference's output first.
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are dropped for this command (the script re-executes itself without them).
   python benchmarks/reference/vs_reference_cpu.py [--rounds 3] [--repeats 5] [--rows a,b] [--device OPENCL]
@@ -231,19 +232,28 @@ def main() -> None:
     m: dict = {"fma1": yard.fma(1), "fma2": yard.fma(2), "copy": yard.copy(a.repeats)}
     for n in names:   # row by row: the reference (a process of its own), kernopt, numpy, back to back
       rr = refrows[n]
-      ref = reference_times([n], a.repeats)
-      m["compiler"] = ref["compiler"]
-      e = m[n] = {"ref": ref["rows"][n]["seconds"], "ref_k": ref["rows"][n]["kernel_seconds"]}
-      for col, p in progs[n].items():
-        per = [p.run() for _ in range(a.repeats)]
-        e[col] = statistics.median(sum(x) for x in per)
-        e[col + "_k"] = [statistics.median(x[k] for x in per) for k in range(len(rr.kernels))]
-      steps, _ = base[n]
-      for t in (1, 2):
-        with threadpool_limits(limits=t, user_api="blas"):
-          for fn in steps.values(): fn()   # wakes the BLAS threads up at this count
-          st = {s: median_time(fn, a.repeats) for s, fn in steps.items()}
-        e[f"np{t}"], e[f"np{t}_steps"] = sum(st.values()), st
+      e = m[n] = {}
+      # each column warmed up once, then timed; the order rotates every round, so that no column always runs right
+      # after the reference's process or numpy's BLAS threads
+      cols = ["ref", *progs[n], "np"]
+      for col in cols[r % len(cols):] + cols[:r % len(cols)]:
+        if col == "ref":
+          ref = reference_times([n], a.repeats)
+          m["compiler"] = ref["compiler"]
+          e["ref"], e["ref_k"] = ref["rows"][n]["seconds"], ref["rows"][n]["kernel_seconds"]
+        elif col == "np":
+          steps, _ = base[n]
+          for t in (1, 2):
+            with threadpool_limits(limits=t, user_api="blas"):
+              for fn in steps.values(): fn()   # wakes the BLAS threads up at this count
+              st = {s: median_time(fn, a.repeats) for s, fn in steps.items()}
+            e[f"np{t}"], e[f"np{t}_steps"] = sum(st.values()), st
+        else:
+          p = progs[n][col]
+          p.run()
+          per = [p.run() for _ in range(a.repeats)]
+          e[col] = statistics.median(sum(x) for x in per)
+          e[col + "_k"] = [statistics.median(x[k] for x in per) for k in range(len(rr.kernels))]
     rounds.append(m)
     print(f"round {r + 1}/{a.rounds} done, {time.strftime('%H:%M:%S', time.gmtime())} UTC, load average "
           f"{os.getloadavg()[0]:.1f}: FMA peak "
