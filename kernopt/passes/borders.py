@@ -191,10 +191,10 @@ MAX_VERSIONED = 4096
 
 def wants_interior(plan: Interior, min_interior: float = MIN_INTERIOR, max_versioned: int = MAX_VERSIONED) -> bool:
   """cpu.padded_interior: version a window's padded loads (the body accumulates, or reads at least two gated loads
-  per store) when every gated load of the body becomes a plain one in an interior of at least min_interior of the
+  per stored lane) when every gated load of the body becomes a plain one in an interior of at least min_interior of the
   tile loops' iterations, and the body has at most max_versioned UOps. (One lane left gated keeps its vector a masked
   load: conv 8x16x32x32 pad 1 tiled by two vectors of 8 measured 1.63 -> 1.56 ms that way; an elementwise pad reads
-  one gated load per store and is memory-bound.)"""
+  one gated load per stored lane and is memory-bound.)"""
   window = plan.accumulators > 0 or plan.gated >= 2 * plan.stores
   return window and plan.ungated == plan.gated and plan.fraction >= min_interior and plan.size <= max_versioned
 
