@@ -131,6 +131,32 @@ def test_sign_bit_negate_is_still_needed():
   got = neg_fma_bits(device("gcc", "static"), {"sign_bit_negate": False})
   assert (got != expected_neg_fma_bits()).any()
 
+# gcc pushes the negation through what lies between the NEG and the fmaf too (the AST fuzzer's seed 45, chunk 1:
+# -(c ? 0.0f : fmaf(x, 0.0f, 0.0f)) through a BITCAST to int32), and folds float64's fma the same way
+_FMA6 = lambda dt: A.mulacc(*(A.load(i, dt, (6,)) for i in (1, 2, 3)))  # noqa: E731
+NEG_FORMS = {
+  "where": (A.kernel(A.store(0, A.neg(A.where(A.load(4, dtypes.bool, (6,)), A.load(5, dtypes.float, (6,)),
+                                              _FMA6(dtypes.float))))), dtypes.float),
+  "neg3": (A.kernel(A.store(0, A.neg(A.neg(A.neg(_FMA6(dtypes.float)))))), dtypes.float),
+  "float64": (A.kernel(A.store(0, A.neg(_FMA6(dtypes.float64)))), dtypes.float64),
+}
+WHERE_C, WHERE_Y = np.array([False, False, True, False, True, False]), np.array([5.0, 5.0, -0.0, 5.0, 0.0, 5.0])
+
+@pytest.mark.parametrize("form", sorted(NEG_FORMS))
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("compiler", COMPILERS)
+def test_a_negation_reaching_an_fma_keeps_the_sign_of_zero(compiler, profile, form):
+  """-(c ? y : fma), -(-(-fma)) and a float64 -fma, where a*b + c is an exact zero: bit for bit the exact result
+  (a*b + c computed exactly in float64, then numpy's negation and select)."""
+  ast, dt = NEG_FORMS[form]
+  npdt, bits = (np.float64, np.int64) if dt == dtypes.float64 else (np.float32, np.int32)
+  a, b, c = (x.astype(npdt) for x in (FMA_A, FMA_B, FMA_C))
+  ins = [(a, dt), (b, dt), (c, dt)] + ([(WHERE_C, dtypes.bool), (WHERE_Y.astype(npdt), dt)] if form == "where" else [])
+  exact = (a.astype(np.float64) * b + c).astype(npdt)
+  want = -np.where(WHERE_C, WHERE_Y.astype(npdt), exact) if form == "where" else -exact
+  got = run(device(compiler, profile), ast, [], ins, 6, dt)
+  np.testing.assert_array_equal(got.view(bits), want.astype(npdt).view(bits))
+
 # ***** gcc 12 with AVX512-FP16: SLP vectorization drops the roundings of float -> _Float16 -> float *****
 
 HALF_SUM_SHAPE = (4, 17)

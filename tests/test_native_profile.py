@@ -593,3 +593,26 @@ def test_exp2_within_one_ulp_and_the_same_in_every_lane_width(w):
   fin = ok & ~special
   ulps = np.abs(got[fin].astype(np.float64) - want[fin]) / np.spacing(np.abs(want[fin])).astype(np.float64)
   assert ulps.max() <= 1.0, (ulps.max(), x[fin][np.argmax(ulps)])
+
+@needs_cc
+@pytest.mark.parametrize("k_len,steps", [(784, 196), (1000, 250), (999, None)])
+def test_a_reduce_no_block_divides_takes_the_largest_divisor_in_half_to_one_block(k_len, steps):
+  """K = 784 and 1000 are no multiples of the 256-step block: the reduce is split into blocks of the largest divisor
+  of K in [128, 256] (196, 250), with the same bits as the unsplit kernel and numpy's numbers; K = 999 has none
+  there (3^3 x 37) and stays unsplit."""
+  from catalogue import _matmul_ast
+  ast, rng = _matmul_ast(32, 32, k_len), np.random.default_rng(k_len)
+  a, b = rng.standard_normal((32, k_len)).astype(np.float32), rng.standard_normal((k_len, 32)).astype(np.float32)
+  dev, outs = Device.open("CPU", threads=1), []
+  for block in (256, 0):   # the profile as it is (panel packing too), then neither
+    r = NativeCRenderer(vector_width=8, threads=1)
+    if not block: r.caps = replace(r.caps, reduce_block=0, panel_elements=0)
+    prg = protocol(ast, r).to_program()
+    marks = [m for u in prg.uops if u.op is UOps.RANGE and isinstance(m := loop_mark(u), ReduceBlock)]
+    assert [m.steps for m in marks] == ([steps] if block and steps else [])
+    bufs = [Buffer(dev, 32 * 32, dtypes.float32), Buffer(dev, a.size, dtypes.float32).copyin(a),
+            Buffer(dev, b.size, dtypes.float32).copyin(b)]
+    dev.compile(prg)(*bufs, wait=True)
+    outs.append(bufs[0].numpy())
+  assert outs[0].tobytes() == outs[1].tobytes()
+  np.testing.assert_allclose(outs[0].reshape(32, 32), a @ b, rtol=1e-4, atol=1e-3)

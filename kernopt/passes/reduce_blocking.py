@@ -13,7 +13,8 @@ def reduce_blocking(uops: Sequence[UOp], steps: int) -> list[UOp]:
   """Split the reduce of a loop-interchanged tile kernel (outer loop, tile loop, one reduce loop of K) into K/steps
   blocks, the block loop between the two outer loops: each tile's accumulators start block b > 0 from the values
   stored at the end of block b-1 (a float store and load are exact, so every sum is the same sequence of additions).
-  The block RANGE's arg ends with ReduceBlock(reduce RANGE, steps): the reduce loop runs from block*steps. uops
+  The block RANGE's arg ends with ReduceBlock(reduce RANGE, steps): the reduce loop runs from block*steps. A K that
+  steps does not divide takes the largest divisor of K in [steps/2, steps] instead (784 -> 196, 1000 -> 250). uops
   unchanged when the kernel isn't such a tile, or has fewer than 4 blocks of K."""
   uops = list(uops)
   if not interchanged(uops): return uops
@@ -24,7 +25,10 @@ def reduce_blocking(uops: Sequence[UOp], steps: int) -> list[UOp]:
   if r0.arg[1] or r1.arg[1] or not rk.arg[1] or any(s.op is not UOps.CONST for s in rk.src): return uops
   lo, k = rk.src[0].arg, rk.src[1].arg
   # at least 4 blocks: 1024^3 1 thread 36.5 -> 40.8 and 30.2 -> 35.2 GF/s; 512^3 in 2 blocks measured no faster
-  if lo != 0 or not isinstance(k, int) or k < 4 * steps or k % steps: return uops
+  if lo != 0 or not isinstance(k, int): return uops
+  # a K that steps doesn't divide: 64x784x256, 1 thread, Zen 3, 4 alternated runs: 0.38 -> 0.32 ms (blocks of 196)
+  if k % steps: steps = next((d for d in range(steps, (steps + 1) // 2 - 1, -1) if k % d == 0), steps)
+  if k < 4 * steps or k % steps: return uops
   ends = loop_ends(uops)
   if not (ends.get(rk, -1) < ends.get(r1, -1) == ends.get(r0, -1) - 1): return uops
   pre, post = uops[i1 + 1:ik], uops[ends[rk] + 1:ends[r1]]

@@ -1,32 +1,44 @@
 """NEG of a fused multiply-add as a sign-bit flip. gcc 12 folds `-fmaf(a, b, c)` into one fnmsub, -(a*b) - c, which
 differs from -(a*b + c) when a*b + c is an exact zero: -(+0.0) is -0.0, but -(a*b) - c gives +0.0 (docs/cpu.md,
-"Known miscompiles"). A float32 NEG whose operand is a MULACC becomes BITCAST(XOR(BITCAST(m, int32), 1 << 31)),
-the same value for every input, NaN included, which no compiler folds into the FMA. Imports dtype, lazyop, uops and
-passes."""
+"Known miscompiles"). It pushes the negation through what lies between too (`-(c ? y : fmaf(...))`, `-(-(-fmaf(...)))`,
+`-(fmaf(...) - 0.0f)`), so a scalar float32 or float64 NEG whose operand reaches a MULACC through float ALU ops
+becomes BITCAST(XOR(BITCAST(x, int), sign bit)), the same value for every input, NaN included, which no compiler
+folds into the FMA. Imports dtype, lazyop and uops."""
 from __future__ import annotations
 from typing import Sequence
-from kernopt.dtype import dtypes
+from kernopt.dtype import DType, dtypes
 from kernopt.lazyop import BinaryOps, TernaryOps, UnaryOps
-from kernopt.passes.lists import replace_uops
 from kernopt.uops import UOp, UOps
 
 _ALU = UOps.ALU
+_BITS: dict[DType, DType] = {dtypes.float32: dtypes.int32, dtypes.float64: dtypes.int64}
 
-def _is_neg_of_fma(u: UOp) -> bool:
-  return u.op is _ALU and u.arg is UnaryOps.NEG and u.dtype == dtypes.float32 and u.src[0].op is _ALU and \
-    u.src[0].arg is TernaryOps.MULACC
+def _fma_reach(uops: Sequence[UOp]) -> set[UOp]:
+  """The float ALU UOps whose value comes from a MULACC through float ALU ops only (one pass: sources come first)."""
+  reach: set[UOp] = set()
+  for u in uops:
+    if u.op is _ALU and u.dtype in _BITS and (u.arg is TernaryOps.MULACC or
+                                              any(s in reach for s in u.src if s.dtype == u.dtype)):
+      reach.add(u)
+  return reach
 
 def sign_bit_negate(uops: Sequence[UOp]) -> list[UOp]:
-  """uops with each float32 NEG(MULACC) replaced by a flip of the MULACC's sign bit (new UOps just before it)."""
-  if not any(_is_neg_of_fma(u) for u in uops): return list(uops)
+  """uops with each scalar float32/float64 NEG of a value that reaches a MULACC replaced by a flip of its sign bit
+  (new UOps where the NEG was; every reader of a replaced UOp rebuilt to read its replacement, in one pass)."""
+  if not any(u.op is _ALU and u.arg is TernaryOps.MULACC for u in uops): return list(uops)
+  reach = _fma_reach(uops)
   out: list[UOp] = []
-  repl: dict[UOp, UOp] = {}
-  sign = UOp(UOps.CONST, dtypes.int32, (), -(1 << 31))
+  new: dict[UOp, UOp] = {}
   for u in uops:
-    if _is_neg_of_fma(u):
-      bits = UOp(UOps.BITCAST, dtypes.int32, (u.src[0],))
-      flipped = UOp(_ALU, dtypes.int32, (bits, sign), BinaryOps.XOR)
+    if any(x in new for x in u.src): n = new[u] = UOp(u.op, u.dtype, tuple(new.get(x, x) for x in u.src), u.arg)
+    else: n = u
+    if u.op is _ALU and u.arg is UnaryOps.NEG and u.src[0] in reach:
+      assert u.dtype is not None
+      it = _BITS[u.dtype]
+      sign = UOp(UOps.CONST, it, (), -(1 << (8 * it.itemsize - 1)))
+      bits = UOp(UOps.BITCAST, it, (n.src[0],))
+      flipped = UOp(_ALU, it, (bits, sign), BinaryOps.XOR)
+      n = new[u] = UOp(UOps.BITCAST, u.dtype, (flipped,))
       out += [sign, bits, flipped]
-      repl[u] = UOp(UOps.BITCAST, dtypes.float32, (flipped,))
-    out.append(u)
-  return replace_uops(out, repl)
+    out.append(n)
+  return out
