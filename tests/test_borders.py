@@ -23,7 +23,7 @@ from kernopt.passes.borders import _gate_atoms, borders, interior, split_borders
 from kernopt.renderers.native import NativeCRenderer
 from kernopt.runtime import Buffer, Device, cpu
 from kernopt.shape.shapetracker import ShapeTracker
-from kernopt.uops import UOp, UOps, flops_mem
+from kernopt.uops import ReduceBlock, UOp, UOps, flops_mem, loop_mark
 
 needs_cc = pytest.mark.skipif(not cpu.CPUDevice.availability()[0], reason="no C compiler")
 REF = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "asts", "reference")
@@ -242,11 +242,15 @@ def test_interior_copies_keep_each_reduces_own_loops():
 
 # ***** a PADTO'd output axis: the edge tile's gated loads and stores *****
 
-def _padded_matmul(w: int, split: bool, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, int, list]:
+def _padded_matmul(w: int, split: bool, a: np.ndarray, b: np.ndarray, steps: Optional[int] = None,
+                   uops: Optional[list] = None) -> tuple[np.ndarray, int, list]:
+  """a @ b by the standard protocol on the native profile at width w (reduce blocks of `steps` when given), versioned
+  when split: (out, IFs in the program, the Opts); the program's UOps appended to `uops` when given."""
   from catalogue import _matmul_ast
   (m, kk), n = a.shape, b.shape[1]
   dev = Device.open("CPU", threads=1, vector_width=w)
   dev.renderer.caps = replace(dev.renderer.caps, split_borders=split)
+  if steps is not None: dev.renderer.caps = replace(dev.renderer.caps, reduce_block=steps)
   k = Kernel(_matmul_ast(m, n, kk), opts=dev.renderer).required_optimizations()
   k.hand_coded_optimizations()
   prg = k.to_program()
@@ -254,6 +258,7 @@ def _padded_matmul(w: int, split: bool, a: np.ndarray, b: np.ndarray) -> tuple[n
   ba.copyin(a.reshape(-1))
   bb.copyin(b.reshape(-1))
   dev.compile(prg)(out, ba, bb, wait=True)
+  if uops is not None: uops.extend(prg.uops)
   return out.numpy().reshape(m, n), sum(u.op is UOps.IF for u in prg.uops), [o.op.name for o in k.applied_opts]
 
 @needs_cc
@@ -266,6 +271,30 @@ def test_padded_matmul_tile_versioned_matches_numpy(w):
   a, b = rng.standard_normal((12, 20)).astype(np.float32), rng.standard_normal((20, 255)).astype(np.float32)
   (plain, ifs0, opts0), (versioned, ifs, opts) = _padded_matmul(w, False, a, b), _padded_matmul(w, True, a, b)
   assert opts[0] == "PADTO" and opts == opts0 and ifs > ifs0
+  assert versioned.tobytes() == plain.tobytes()
+  np.testing.assert_allclose(versioned, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+@needs_cc
+@pytest.mark.parametrize("w", WIDTHS)
+def test_a_padded_column_axis_versions_the_tile_loop_whole_and_its_copy_is_blocked(w):
+  """The PADTO'd column axis is the interchanged tile's outer loop (matmul 1000x1000x999 at width 8: 63 column tiles,
+  the last one gated), so the box leaves the tile loop whole: the IF opens once per column tile, around the tile
+  loop, and the interior copy's tile loop is a plain nest that reduce blocking and panel packing take (K = 96 in 4
+  blocks of 24) while the edge tile keeps its gated loads and stores, unblocked. Bit for bit the unversioned kernel
+  (whose gated stores leave it unblocked), and numpy."""
+  rng = np.random.default_rng(w)
+  a, b = rng.standard_normal((16, 96)).astype(np.float32), rng.standard_normal((96, 255)).astype(np.float32)
+  uops: list = []
+  (plain, _, opts0), (versioned, _, opts) = _padded_matmul(w, False, a, b, 24), _padded_matmul(w, True, a, b, 24, uops)
+  assert opts[0] == "PADTO" and opts == opts0
+  ifs = [i for i, u in enumerate(uops) if u.op is UOps.IF]
+  ends = {u.src[0]: i for i, u in enumerate(uops) if u.op in (UOps.ENDIF, UOps.ENDRANGE)}
+  tiles = [i for i, u in enumerate(uops) if u.op is UOps.RANGE and not u.arg[1] and ifs[0] < i < ends[uops[ifs[0]]]]
+  assert tiles, "the interior copy's IF does not hold a tile loop"
+  blocks = [u for u in uops if u.op is UOps.RANGE and isinstance(loop_mark(u), ReduceBlock)]
+  assert len(blocks) == 1 and isinstance(loop_mark(blocks[0]).of.arg[0], tuple)   # the interior copy's reduce
+  assert ifs[0] < uops.index(blocks[0]) < ends[uops[ifs[0]]]
+  assert [u.op for u in uops].count(UOps.DEFINE_LOCAL) == 1                       # its panel
   assert versioned.tobytes() == plain.tobytes()
   np.testing.assert_allclose(versioned, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
 

@@ -71,9 +71,10 @@ def _less_form(atom: UOp, memo: dict[UOp, Affine]) -> Optional[Affine]:
 @dataclass(frozen=True)
 class Interior:
   """A versioning plan: the region [start, end) of the list (the reduce nest and stores inside `loop`, the innermost
-  output loop), the box (RANGE, lo, hi) of output-loop values (lo <= RANGE <= hi) where the `folded` gate atoms all
-  hold, how many of its `gated` loads lose their gate there, the box's share of those loops' iterations, and the
-  region's UOps, stored lanes (a vector store counts its lanes, as its gated loads do) and accumulators."""
+  output loop, or that whole loop when the box does not narrow it), the box (RANGE, lo, hi) of output-loop values
+  (lo <= RANGE <= hi) where the `folded` gate atoms all hold, how many of its `gated` loads lose their gate there, the
+  box's share of those loops' iterations, and the region's UOps, stored lanes (a vector store counts its lanes, as its
+  gated loads do) and accumulators."""
   loop: UOp
   start: int
   end: int
@@ -135,7 +136,9 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   ALU ops, stores and IF blocks whose conditions fold in the box. The box narrows each output loop with constant
   bounds by the gate atoms (of loads, stores and IFs: a PADTO'd output axis gates all three) that depend on it alone
   among them (a < b over affine index math), as far as each atom then holds for every value of its other leaves; a
-  loop those atoms leave no common value (every tile of it touches a border) is not narrowed."""
+  loop those atoms leave no common value (every tile of it touches a border) is not narrowed. When the box leaves the
+  innermost output loop whole and only index math precedes the region in it, the region is that loop, RANGE to
+  ENDRANGE."""
   ends, scopes = _structure(uops)
   def inner(i: int) -> bool:
     body = uops[i + 1:ends.get(uops[i], i)]
@@ -173,6 +176,12 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   # an IF of the region (the lowerer's block of a PADTO'd tile's edge stores) must vanish from the copy
   if not box or not folded or any(not all(a in folded for a in _gate_atoms(c)) for c in ifs): return None
   ungated = sum(all(a in folded for a in _gate_atoms(u.src[2])) for u in gated)
+  # a box over enclosing loops only (a PADTO'd outer axis of an interchanged matmul tile) versions the tile loop whole:
+  # its IF is met once per outer iteration, and the copy's tile loop is a plain nest that reduce blocking and panel
+  # packing take (matmul 1000x1000x999 at width 8: PADTO 16 on the column tiles)
+  if loop not in box and _const_range(loop) and all(u.op in (_ALU, _CONST) for u in uops[li + 1:start]):
+    start, le = li, le + 1
+    region = uops[start:le]
   fraction = 1.0
   for c, (lo, hi) in box.items(): fraction *= (hi - lo + 1) / (vmax(c) - vmin(c) + 1)
   order = {r: i for i, r in enumerate(outer)}

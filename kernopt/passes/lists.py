@@ -1,11 +1,13 @@
-"""What the passes share on linearized UOp lists: where each loop ends, the value of index math at given loop
-indices, the index math a value needs, and a list with some UOps replaced. Imports ops and uops."""
+"""What the passes share on linearized UOp lists: where each loop ends, the kernel axis a loop walks, the tile nests,
+the value of index math at given loop indices, the index math a value needs, and a list with some UOps replaced.
+Imports ops and uops."""
 from __future__ import annotations
 from typing import Optional, Sequence
 from kernopt.ops import exec_alu
 from kernopt.uops import UOp, UOps
 
-_ALU, _CONST, _RANGE, _ENDRANGE, _DEFINE_VAR = UOps.ALU, UOps.CONST, UOps.RANGE, UOps.ENDRANGE, UOps.DEFINE_VAR
+_ALU, _CONST, _RANGE, _ENDRANGE, _DEFINE_VAR, _CAST = \
+  UOps.ALU, UOps.CONST, UOps.RANGE, UOps.ENDRANGE, UOps.DEFINE_VAR, UOps.CAST
 
 def ranges_of(uops: Sequence[UOp]) -> list[int]:
   """The positions of the RANGEs, in list order."""
@@ -15,12 +17,35 @@ def loop_ends(uops: Sequence[UOp]) -> dict[UOp, int]:
   """Each RANGE -> the position of its ENDRANGE."""
   return {u.src[0]: i for i, u in enumerate(uops) if u.op is _ENDRANGE}
 
+def loop_axis(r: UOp) -> int:
+  """The kernel axis a RANGE walks: its arg's first field, or the axis inside the tag the borders pass gives the
+  interior copy's loops (("interior", axis))."""
+  a = r.arg[0]
+  return a[1] if isinstance(a, tuple) else a
+
+def tile_nests(uops: Sequence[UOp]) -> list[tuple[int, int]]:
+  """(position of r1, position of rk) for each non-reduce RANGE r1 inside the outermost loop whose body holds exactly
+  one RANGE, rk, a reduce: the tile loops of a matmul-like kernel (one, or the interior copy's and the border's when
+  the borders pass versioned the tile loop whole), in list order."""
+  ranges, ends = ranges_of(uops), loop_ends(uops)
+  if not ranges or uops[ranges[0]].arg[1]: return []
+  outer_end = ends.get(uops[ranges[0]], -1)
+  ret = []
+  for j, i1 in enumerate(ranges[1:], 1):
+    r1 = uops[i1]
+    if r1.arg[1] or (e1 := ends.get(r1, -1)) > outer_end: continue
+    inside = [i for i in ranges[j + 1:] if i < e1]
+    if len(inside) == 1 and uops[inside[0]].arg[1] and ends.get(uops[inside[0]], e1) < e1: ret.append((i1, inside[0]))
+  return ret
+
 def index_value(u: UOp, env: dict[UOp, int], memo: dict[UOp, Optional[int]]) -> Optional[int]:
   """The integer value of index expression u with the loops in env (others at 0); None if it reads memory."""
   if u in memo: return memo[u]
   ret: Optional[int] = None
   if u.op is _CONST and isinstance(u.arg, int): ret = u.arg
   elif u.op is _RANGE or u.op is _DEFINE_VAR: ret = env.get(u, 0)
+  # the borders pass's interior copy reads each enclosing loop's index through a CAST to its own dtype
+  elif u.op is _CAST and u.dtype is not None and u.dtype == u.src[0].dtype: ret = index_value(u.src[0], env, memo)
   elif u.op is _ALU and u.dtype is not None and u.dtype.count == 1:
     vals = [index_value(s, env, memo) for s in u.src]
     if all(v is not None for v in vals): ret = exec_alu(u.arg, u.src[-1].dtype or u.dtype, tuple(vals))

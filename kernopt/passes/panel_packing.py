@@ -5,7 +5,7 @@ from typing import Optional, Sequence
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.ops import BinaryOps
 from kernopt.passes.interchange import interchanged
-from kernopt.passes.lists import closure, loop_ends, ranges_of, reduce_stride, substitute
+from kernopt.passes.lists import closure, loop_axis, loop_ends, ranges_of, reduce_stride, substitute, tile_nests
 from kernopt.uops import ReduceBlock, UOp, UOps, loop_mark
 
 def _block_of(uops: list[UOp], ranges: list[int], rk: UOp) -> Optional[tuple[UOp, int]]:
@@ -25,11 +25,13 @@ def panel_packing(uops: Sequence[UOp], max_elements: int) -> list[UOp]:
   uops = list(uops)
   if not interchanged(uops): return uops
   ranges = ranges_of(uops)
-  if len(ranges) < 3: return uops
-  i1, ik = ranges[-2], ranges[-1]
+  nests = tile_nests(uops)
+  # the blocked nest when reduce blocking split one (the interior copy's, in a list the borders pass versioned)
+  blocked = [n for n in nests if _block_of(uops, ranges, uops[n[1]]) is not None]
+  if not (blocked or nests): return uops
+  i1, ik = (blocked or nests)[0]
   r1, rk = uops[i1], uops[ik]
   ends = loop_ends(uops)
-  if r1.arg[1] or not rk.arg[1] or not ends.get(rk, -1) < ends.get(r1, -1): return uops
   if any(s.op is not UOps.CONST or not isinstance(s.arg, int) for s in rk.src): return uops
   block = _block_of(uops, ranges, rk)
   blk, steps = block if block is not None else (None, rk.src[1].arg - rk.src[0].arg)
@@ -47,8 +49,8 @@ def panel_packing(uops: Sequence[UOp], max_elements: int) -> list[UOp]:
   i32 = dtypes.int32
   c = lambda v: UOp.const(i32, v)  # noqa: E731
   alu = lambda op, a, b: UOp(UOps.ALU, i32, (a, b), op)  # noqa: E731
-  panel = UOp(UOps.DEFINE_LOCAL, next(iter(loads.values())).scalar(), (), (f"panel{rk.arg[0]}", steps * row))
-  kk = UOp(UOps.RANGE, i32, (c(0), c(steps)), (f"panel{rk.arg[0]}", False))
+  panel = UOp(UOps.DEFINE_LOCAL, next(iter(loads.values())).scalar(), (), (f"panel{loop_axis(rk)}", steps * row))
+  kk = UOp(UOps.RANGE, i32, (c(0), c(steps)), (f"panel{loop_axis(rk)}", False))
   start: UOp = alu(BinaryOps.MUL, blk, c(steps)) if blk is not None else rk.src[0]
   before = set(uops[:i1])
   copy: list[UOp] = [panel, *[x for x in (c(0), c(steps)) if x not in before], kk]
