@@ -22,10 +22,14 @@ def _fma_reach(uops: Sequence[UOp]) -> set[UOp]:
       reach.add(u)
   return reach
 
+def _has_alu(uops: Sequence[UOp], arg: object) -> bool:
+  return any(u.op is _ALU and u.arg is arg for u in uops)
+
 def sign_bit_negate(uops: Sequence[UOp]) -> list[UOp]:
   """uops with each scalar float32/float64 NEG of a value that reaches a MULACC replaced by a flip of its sign bit
   (new UOps where the NEG was; every reader of a replaced UOp rebuilt to read its replacement, in one pass)."""
-  if not any(u.op is _ALU and u.arg is TernaryOps.MULACC for u in uops): return list(uops)
+  # no MULACC, or no NEG (most kernels that accumulate): nothing to flip
+  if not _has_alu(uops, TernaryOps.MULACC) or not _has_alu(uops, UnaryOps.NEG): return list(uops)
   reach = _fma_reach(uops)
   out: list[UOp] = []
   new: dict[UOp, UOp] = {}
