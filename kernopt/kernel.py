@@ -282,7 +282,8 @@ class Kernel(LoopNest):
     from kernopt.uops import UOps, flops_mem
     st = time.perf_counter()
     self.linearize()
-    fname = to_function_name(self.name)
+    display = self.display_name
+    fname = to_function_name(display)   # to_function_name drops the colours: this is self.name's
     t_render = time.perf_counter()
     src = self.opts.render(fname, self.uops)
     count("renders")
@@ -311,7 +312,7 @@ class Kernel(LoopNest):
     opts = tuple(f"{o.op.name}({o.axis},{o.amt})" for o in self.applied_opts)
     prg = Program(fname, src, self.opts.caps.device, gs, ls, uops=tuple(self.uops), op_estimate=flops, mem_estimate=mem,
                   args=args, vars=tuple(self.vars), var_args=var_args,
-                  extra={"display_name": self.display_name, "opts": opts, "codegen_s": time.perf_counter() - st})
+                  extra={"display_name": display, "opts": opts, "codegen_s": time.perf_counter() - st})
     if getconfig().RUN_PROCESS_REPLAY:
       from kernopt import capture
       capture.record(self.ast, self.opts, [[o.op.name, o.axis, o.amt] for o in self.applied_opts], prg)

@@ -157,10 +157,14 @@ class LazyOp:
 
   def vars(self) -> list[Any]:
     """The symbolic Variables in the shapes of this tree's buffers and in its symbolic CONSTs, sorted by name."""
+    return list(self._vars)
+
+  @functools.cached_property
+  def _vars(self) -> tuple[Any, ...]:
     found = {v for x in self.lazyops if x.op in BufferOps for v in x.arg.st.vars()}
     found |= {v for x in self.lazyops if x.op is BufferOps.CONST and isinstance(x.arg.val, symbolic.Node)
               for v in x.arg.val.vars()}
-    return sorted(found, key=lambda v: v.expr)
+    return tuple(sorted(found, key=lambda v: v.expr))
 
   def __repr__(self) -> str:
     """`LazyOp(op, src=(...), arg=...)`, sources nested. An op that is a source more than once is spelled once, at
