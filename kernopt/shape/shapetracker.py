@@ -143,6 +143,7 @@ class ShapeTracker:
       idx = Variable("idx", 0, (size if type(size) is int else size.max) - 1)  # type: ignore
     return self.expr_idxs(unflatten(self.shape, idx))
 
+  @cache
   def real_size(self) -> int:
     """One past the largest buffer position any valid element can address (0 when none is valid)."""
     if any(type(s) is int and s == 0 for s in self.shape): return 0
