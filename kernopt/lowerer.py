@@ -18,7 +18,7 @@ from kernopt.lower_vectors import Lanes, Scalar, VectorLowering, VectorPlan, Vec
 from kernopt.ops import BinaryOps, BufferOps, KernelInfo, LazyOp, MemBuffer, MetaOps, ReduceOps, TernaryOps, UnaryOps
 from kernopt.renderers import var_dtype
 from kernopt.shape.shapetracker import ShapeTracker
-from kernopt.shape.symbolic import AndNode, Node, NumNode, SumNode, Variable
+from kernopt.shape.symbolic import AndNode, LtNode, MulNode, Node, NumNode, SumNode, Variable
 from kernopt.uops import UOp, UOps
 
 # Axis groups of the optimized AST, left to right: global (threads of the grid, or loops on CPU) | local (threads
@@ -30,6 +30,24 @@ _ALU, _CONST, _LOAD, _STORE = UOps.ALU, UOps.CONST, UOps.LOAD, UOps.STORE
 _ADD, _WHERE = BinaryOps.ADD, TernaryOps.WHERE
 _ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps)
 _UNSET: Any = object()
+
+def lane_substitute(c: Node, vals: dict[Variable, int]) -> Node:
+  """c.substitute(vals), without building the substituted nodes for a comparison Σ terms < b (b an int, each term a
+  constant, a Variable or a Variable times an int) that the bounds of the substituted sum decide: its maximum below
+  b gives 1, its minimum at least b gives 0, as `_lt` decides first (Node.sum only narrows those bounds by merging
+  like terms). A gate's conjuncts are mostly decided so at every lane but the border ones."""
+  if type(c) is LtNode and type(c.b) is int:
+    lo = hi = 0
+    for t in (c.a.nodes if type(c.a) is SumNode else (c.a,)):
+      v, k = (t.a, t.b) if type(t) is MulNode and type(t.b) is int else (t, 1)
+      if type(v) is NumNode: lo, hi = lo + v.b * k, hi + v.b * k
+      elif type(v) is not Variable: break
+      elif (x := vals.get(v)) is not None: lo, hi = lo + x * k, hi + x * k
+      else: lo, hi = lo + t.min, hi + t.max
+    else:
+      if hi < c.b: return NumNode(1)
+      if lo >= c.b: return NumNode(0)
+  return c.substitute({v: NumNode(x) for v, x in vals.items()})
 
 class _Lowerer(ReduceLowering, VectorLowering, Float4Lanes):
   def __init__(self, ast: LazyOp, opts: Any, idx_dt: DType = I32, vectors: bool = True):
@@ -235,13 +253,13 @@ class _Lowerer(ReduceLowering, VectorLowering, Float4Lanes):
     done: dict[tuple[int, ...], Node] = {}
     def part(i: int, c: Node, cvs: list[int], ln: tuple[int, ...]) -> Node:
       k = (i,) + tuple(ln[j] for j in cvs)
-      if (ret := done.get(k)) is None: ret = done[k] = c.substitute({inv[j]: NumNode(ln[j]) for j in cvs})
+      if (ret := done.get(k)) is None: ret = done[k] = lane_substitute(c, {inv[j]: ln[j] for j in cvs})
       return ret
     out = []
     for ln in self.lanes:
       key = tuple(ln[j] for j in vs)
       if key not in cache:
-        if parts is None: sub = node.substitute({inv[j]: NumNode(ln[j]) for j in vs})
+        if parts is None: sub = lane_substitute(node, {inv[j]: ln[j] for j in vs})
         else: sub = Node.ands([part(i, c, cvs, ln) for i, (c, cvs) in enumerate(parts)])
         cache[key] = fix(self.render(sub))
       out.append(cache[key])

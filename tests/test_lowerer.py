@@ -532,3 +532,18 @@ def test_vector_lowered_kernels_match_numpy(w):
     assert any(u.dtype is not None and u.dtype.count == w for u in k.lowered_uops), name
     for _, got, want in catalogue.run_program(dev, case, prg, seed=5):
       for i, ref in want.items(): np.testing.assert_allclose(got[i], ref, rtol=1e-4, atol=1e-4, err_msg=name)
+
+def test_lane_substitute_matches_substitute():
+  # a window gate's conjuncts at every value of the upcast variable: the bounds shortcut gives what substitute does
+  import random
+  from kernopt.lowerer import lane_substitute
+  from kernopt.shape.symbolic import NumNode
+  rng = random.Random(0)
+  r, s, up = Variable("r", 0, 6), Variable("s", 0, 2), Variable("up", 0, 7)
+  for _ in range(300):
+    terms = [v * rng.choice([-8, -3, -1, 1, 2, 8]) for v in (r, s, up) if rng.random() < 0.8] + [rng.randint(-5, 5)]
+    lhs = sum(terms[1:], terms[0])
+    if not hasattr(lhs, "lt"): continue
+    c = lhs.lt(rng.randint(-20, 60))
+    for x in range(8):
+      assert lane_substitute(c, {up: x}) == c.substitute({up: NumNode(x)})
