@@ -41,6 +41,11 @@ ALUOp = Union[UnaryOps, BinaryOps, TernaryOps]
 UNSAFE_PAD_OPS = frozenset({UnaryOps.RECIP, UnaryOps.LOG2, UnaryOps.EXP2, BinaryOps.IDIV, BinaryOps.CMPNE,
                             UnaryOps.BITCAST})
 
+def pad_unsafe(op: LazyOp) -> bool:
+  """Whether op maps padded zeros to a nonzero: an UNSAFE_PAD_OPS op, or the NEG of a bool, which is logical not
+  (False -> True; the AST fuzzer, seed 46000: SUM(CAST(NEG(False))) over 9 elements PADTO'd to 32 gave 32)."""
+  return op.op in UNSAFE_PAD_OPS or (op.op is UnaryOps.NEG and op.dtype == dtypes.bool)
+
 def _brief(x: Any) -> str: return f"{type(x).__name__} {reprlib.repr(x)}"
 
 def _check_buffer(what: str, dtype: Any, st: Any) -> None:

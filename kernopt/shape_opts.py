@@ -155,7 +155,7 @@ def _padto(k: LoopNest, opt: Opt, axis: int, amt: int, need: Callable) -> None:
   need(axis < k.shape_len - k.upcasted, "can't pad an upcasted axis")
   if axis >= k.first_reduce:
     # padding a reduce axis adds zeros to the sum: only sound when every op below it maps 0 to 0
-    need(all(r.op is ReduceOps.SUM and all(x.op not in ops.UNSAFE_PAD_OPS for x in r.src[0].lazyops)
+    need(all(r.op is ReduceOps.SUM and not any(ops.pad_unsafe(x) for x in r.src[0].lazyops)
              for r in k.reduceops), "reduce is not a SUM of pad-safe ops")
   padded, new = False, list(k.sts)
   for i, st in enumerate(k.sts):

@@ -10,7 +10,7 @@ from kernopt.dtype import dtypes
 from kernopt.errors import KernelOptError
 from kernopt.helpers import prod
 from kernopt.kernel import Kernel, Opt, OptOps
-from kernopt.ops import BufferOps, LazyOp, MemBuffer, ReduceOps, UnaryOps
+from kernopt.ops import BufferOps, ConstBuffer, LazyOp, MemBuffer, ReduceOps, UnaryOps
 from kernopt.renderers import get_renderer
 from kernopt.shape.shapetracker import ShapeTracker
 
@@ -34,6 +34,13 @@ def bitcast_neg_sum():
   seed 31000)."""
   bits = LazyOp(UnaryOps.BITCAST, (LazyOp(UnaryOps.NEG, (buf(1, (3, 17)),)),), dtypes.int32)
   return kernel(store(reduce(ReduceOps.SUM, bits, (0, 1)), dtype=dtypes.int32))
+
+def not_sum():
+  """SUM(CAST(half, CAST(float, NEG(c)))) over 9 elements, c a bool: NEG of a bool is logical not, so a padded c
+  (False) would count as True (the AST fuzzer, seed 46000: 32 instead of 9)."""
+  c = LazyOp(BufferOps.CONST, (), ConstBuffer(False, dtypes.bool, ShapeTracker.from_shape((9,))))
+  flt = LazyOp(UnaryOps.CAST, (LazyOp(UnaryOps.NEG, (c,)),), dtypes.float)
+  return kernel(store(reduce(ReduceOps.SUM, LazyOp(UnaryOps.CAST, (flt,), dtypes.half), (0,)), dtype=dtypes.half))
 
 mm64 = lambda: matmul(64, 64, 64)  # noqa: E731
 
@@ -97,6 +104,7 @@ REFUSALS = [
   ("padto-max-reduce", lambda: sum_axis(1, (1024, 1000), ReduceOps.MAX), "CPU", [], Opt(PADTO, 1, 1024), "not a SUM"),
   ("padto-unsafe-op", recip_sum, "CPU", [], Opt(PADTO, 1, 1024), "pad-safe"),
   ("padto-bitcast", bitcast_neg_sum, "CPU", [], Opt(PADTO, 0, 32), "pad-safe"),
+  ("padto-bool-not", not_sum, "CPU", [], Opt(PADTO, 0, 32), "pad-safe"),
   ("padto-quadruple", lambda: matmul(100, 37, 53), "CPU", [], Opt(PADTO, 0, 10**9), "quadruples"),
   ("padto-nothing", ew_add, "CPU", [], Opt(PADTO, 0, 1024), "nothing to pad"),
   ("padto-whole-axis", ew_add, "CPU", [], Opt(PADTO, 0, 0), "nothing to pad"),
