@@ -218,18 +218,19 @@ def test_sign_bit_negate_equals_numpy_on_specials():
 
 def test_passes_follow_the_capabilities():
   names = lambda r: [p.name for p in passes_for(r)]  # noqa: E731
-  cpu_all = ["interchange", "borders", "vectorize", "parallel", "reduce_blocking", "panel_packing", "stream_stores",
-             "sign_bit_negate"]
+  cpu_all = ["interchange", "borders", "vectorize", "deinterleave", "parallel", "reduce_blocking", "panel_packing",
+             "stream_stores", "sign_bit_negate"]
   assert names(native(threads=2)) == cpu_all
   assert names(native(threads=1)) == [n for n in cpu_all if n != "parallel"]   # one thread: no parallel loop
   assert "stream_stores" not in names(native(threads=2, parallel="openmp"))   # OpenMP's workers aren't fenced
-  assert names(native(threads=1, interchange=False, split_borders=False, reduce_block=0, panel_elements=0)) == \
+  assert names(native(threads=1, interchange=False, split_borders=False, deinterleave=False, reduce_block=0,
+                      panel_elements=0)) == \
     ["vectorize", "stream_stores", "sign_bit_negate"]
   assert names(OpenCLRenderer(vector_width=W, clang=True, stream_stores=True)) == ["stream_stores", "vectorize"]
   assert names(CRenderer()) == ["sign_bit_negate"]   # the static C profile: gcc 12's fnmsub fold only
   assert names(OpenCLRenderer()) == names(CUDARenderer()) == []
 
-@pytest.mark.parametrize("step", ["interchange", "borders", "vectorize", "parallel", "reduce_blocking",
+@pytest.mark.parametrize("step", ["interchange", "borders", "vectorize", "deinterleave", "parallel", "reduce_blocking",
                                   "panel_packing", "stream_stores", "sign_bit_negate"])
 def test_each_pass_is_pure(step):
   """A pass returns a new list and leaves its input as it was."""

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 from kernopt.passes.borders import borders
+from kernopt.passes.deinterleave import deinterleave
 from kernopt.passes.interchange import interchange
 from kernopt.passes.panel_packing import panel_packing
 from kernopt.passes.parallel import parallel
@@ -29,10 +30,10 @@ class Pass:
 def passes_for(renderer: Any) -> tuple[Pass, ...]:
   """The passes a renderer's capabilities ask for, in order: loop interchange; on a work-item grid the stream-store
   choice (it counts scalar stores); the interior copy of a padded window (after interchange, which then never scans
-  the copy's loads); lane packing to vector_width; the parallel loop; reduce blocking and panel packing (of
-  interchanged tiles only); on a loop kernel the stream-store choice last (it reads the final stores); and where the
-  dialect's compiler folds negation into an FMA, the sign-bit NEG of a MULACC. The static C profile asks only for
-  that one: its lists are otherwise rendered as the lowerer made them."""
+  the copy's loads); lane packing to vector_width; stride-2 gathers as shuffled vector loads; the parallel loop;
+  reduce blocking and panel packing (of interchanged tiles only); on a loop kernel the stream-store choice last (it
+  reads the final stores); and where the dialect's compiler folds negation into an FMA, the sign-bit NEG of a MULACC.
+  The static C profile asks only for that one: its lists are otherwise rendered as the lowerer made them."""
   c = renderer.caps
   ret: list[Pass] = []
   if c.interchange: ret.append(Pass("interchange", interchange))
@@ -42,6 +43,7 @@ def passes_for(renderer: Any) -> tuple[Pass, ...]:
   if c.vector_width > 1:
     ret.append(Pass("vectorize", vectorize, (("width", c.vector_width), ("masked", c.masked_loads),
                                              ("fallback", half_width(c.vector_width)))))
+  if c.deinterleave and c.vector_width > 1: ret.append(Pass("deinterleave", deinterleave))
   if c.parallel != "none": ret.append(Pass("parallel", parallel, (("min_work", c.min_parallel_work),)))
   if c.reduce_block: ret.append(Pass("reduce_blocking", reduce_blocking, (("steps", c.reduce_block),)))
   if c.panel_elements: ret.append(Pass("panel_packing", panel_packing, (("max_elements", c.panel_elements),)))
@@ -61,5 +63,6 @@ def run_passes(uops: Sequence[UOp], passes: Sequence[Pass],
     if trace is not None: trace(p.name, len(out), time.perf_counter() - st)
   return out
 
-__all__ = ["Pass", "passes_for", "run_passes", "borders", "interchange", "vectorize", "parallel", "reduce_blocking",
+__all__ = ["Pass", "passes_for", "run_passes", "borders", "deinterleave", "interchange", "vectorize", "parallel",
+           "reduce_blocking",
            "panel_packing", "stream_grid_stores", "stream_loop_stores", "sign_bit_negate"]

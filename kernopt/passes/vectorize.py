@@ -36,7 +36,7 @@ class _Group:
   deps: set[int] = field(default_factory=set)
   live: bool = True
 
-def _base_offset(idx: UOp) -> tuple[Optional[UOp], int]:
+def base_offset(idx: UOp) -> tuple[Optional[UOp], int]:
   """idx as (base, constant offset); base None for a constant index. A gated load's index guarded as
   WHERE(valid, idx, 0) is looked through (such loads are only gathered, never read as a vector)."""
   if idx.op is _ALU and idx.arg is _WHERE: idx = idx.src[1]
@@ -105,10 +105,10 @@ def _consecutive_loads(lanes: tuple[UOp, ...], masked: bool) -> Optional[str]:
   load), "ml" when some are and `masked` allows a masked vector load of them (_maskable), else None."""
   l0 = lanes[0]
   if l0.op is not _LOAD or not _plain_global(l0.src[0]): return None
-  base, off = _base_offset(l0.src[1])
+  base, off = base_offset(l0.src[1])
   plain = True
   for i, ln in enumerate(lanes):
-    if ln.op is not _LOAD or ln.src[0] is not l0.src[0] or _base_offset(ln.src[1]) != (base, off + i): return None
+    if ln.op is not _LOAD or ln.src[0] is not l0.src[0] or base_offset(ln.src[1]) != (base, off + i): return None
     if len(ln.src) != 2 or ln.src[1].op is _ALU and ln.src[1].arg is _WHERE:
       if not (masked and _maskable(ln)): return None
       plain = False
@@ -191,7 +191,7 @@ class _Packer:
     """Contiguous ungated loads become one vector load; contiguous gated ones (padding) a gather of the scalars."""
     by_key: dict[Any, dict[int, UOp]] = {}
     for u in self.loads:
-      base, off = _base_offset(u.src[1])
+      base, off = base_offset(u.src[1])
       by_key.setdefault((u.src[0], base, self.scope[u]), {})[off] = u
     for members in self.contiguous(by_key):
       plain = all(len(m.src) == 2 and not (m.src[1].op is _ALU and m.src[1].arg is _WHERE) for m in members)
@@ -218,7 +218,7 @@ class _Packer:
   def store_key(self, u: UOp) -> Optional[tuple[Any, int]]:
     if u.src[2] not in self.of: return None
     gid, lane = self.of[u.src[2]]
-    base, off = _base_offset(u.src[1])
+    base, off = base_offset(u.src[1])
     return ("store", u.src[0], base, off - lane, self.scope[u], gid, u.arg), lane
 
   def found(self, u: UOp) -> Optional[tuple[Any, int]]:
@@ -292,7 +292,7 @@ class _Packer:
     by_key: dict[Any, dict[int, UOp]] = {}
     for u in self.stores:
       if _vector_dtype(u.src[2].dtype) and u not in self.of and u.src[2] not in self.of:
-        base, off = _base_offset(u.src[1])
+        base, off = base_offset(u.src[1])
         by_key.setdefault((u.src[0], base, self.scope[u], u.arg), {})[off] = u
     added = False
     for members in self.contiguous(by_key):
@@ -335,8 +335,8 @@ class _Packer:
       return ("v", self.add("alu", lanes, tuple(parts), {p[1] for p in parts if p is not None and p[0] == "v"}))
     if all(ln.op is _LOAD and len(ln.src) == 2 and ln.src[0] is l0.src[0] for ln in lanes) and \
        _plain_global(l0.src[0]):
-      base, off = _base_offset(l0.src[1])
-      if all(_base_offset(ln.src[1]) == (base, off + i) for i, ln in enumerate(lanes)):
+      base, off = base_offset(l0.src[1])
+      if all(base_offset(ln.src[1]) == (base, off + i) for i, ln in enumerate(lanes)):
         return ("v", self.add("load", lanes))
     if _consecutive_loads(lanes, self.masked) == "ml": return ("ml", lanes)
     return ("g", lanes)

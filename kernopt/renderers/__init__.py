@@ -92,6 +92,8 @@ class Capabilities:
   pin_loads: Optional[str] = _cap(None, "inline-asm register class vector loads are pinned to (None: unpinned)")
   masked_loads: bool = _cap(False, "a contiguous gated load becomes one masked vector load, not a gather of lanes")
   split_borders: bool = _cap(False, "a padded window's tile loop runs a plain-load interior copy (passes/borders.py)")
+  deinterleave: bool = _cap(False, "a gather of lanes 2 elements apart is two vector loads and a shuffle "
+                                   "(passes/deinterleave.py)")
   reduce_block: int = _cap(0, "reduce steps per block when a matmul-like reduce is split (0: never split)")
   panel_elements: int = _cap(0, "most elements of a packed B panel (0: no packing)")
   sign_bit_negate: bool = _cap(False, "NEG of a float32 MULACC flips the sign bit (passes/sign_bit_negate.py: gcc 12)")

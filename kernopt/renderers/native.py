@@ -146,13 +146,16 @@ def native_capabilities(vector_width: Optional[int] = None, threads: Optional[in
   n = _check_threads(threads if threads is not None else (getconfig().CPU_THREADS or host_threads()))
   # pin_loads: vector loads pinned to a register (an empty asm), so GCC reads each once instead of folding it into
   # every op; masked_loads: a padded conv's contiguous gated input as one masked vector load; split_borders: its
-  # interior as a copy with plain loads (rule cpu.padded_interior, passes/borders.py); stream_stores: big
-  # elementwise outputs written with non-temporal stores (`streams`), fenced before the kernel returns
+  # interior as a copy with plain loads (rule cpu.padded_interior, passes/borders.py); deinterleave: a stride-2
+  # window row as two vector loads and a shuffle (pinned, gcc shuffles them instead of reloading lanes);
+  # stream_stores: big elementwise outputs written with non-temporal stores (`streams`), fenced before the kernel
+  # returns
   return replace(CRenderer.caps, heuristics="cpu_native", vector_width=width, max_upcast=max(8, 2 * width),
                  march=isa.march, isa_vector_width=isa.vector_width, threads=n, parallel=parallel if n > 1 else "none",
                  schedule="static", min_parallel_work=min_parallel_work, interchange=True,
                  pin_loads=_VECTOR_REG.get(platform.machine().lower()), masked_loads=True, split_borders=True,
-                 reduce_block=REDUCE_BLOCK, panel_elements=PANEL_ELEMENTS, stream_stores=True, stream_min=STREAM_MIN,
+                 deinterleave=True, reduce_block=REDUCE_BLOCK, panel_elements=PANEL_ELEMENTS, stream_stores=True,
+                 stream_min=STREAM_MIN,
                  fused_accumulate=isa.fma if fused_accumulate is None else fused_accumulate)
 
 # 2^f on [-0.5, 0.5] (least squares on relative error, degree 6): with the exact scaling below, within 1 ulp of the
@@ -196,7 +199,8 @@ class NativeCRenderer(CRenderer):
   on one thread; `fused_accumulate` (default: whether the ISA has FMA) makes float32 SUMs of products accumulate in
   one rounding (MULACC). Its heuristics profile is "cpu_native" (heuristics_cpu)."""
   key_caps = ("march", "isa_vector_width", "vector_width", "threads", "parallel", "min_parallel_work", "interchange",
-              "pin_loads", "masked_loads", "split_borders", "reduce_block", "panel_elements", "stream_stores")
+              "pin_loads", "masked_loads", "split_borders", "deinterleave", "reduce_block", "panel_elements",
+              "stream_stores")
   emitter = _NativeEmitter
   # float32 exp2 is kernopt's own (_exp2_helper), scalar and vector alike
   code_for_op = {**CRenderer.code_for_op, UnaryOps.EXP2: _native_exp2}
