@@ -39,7 +39,9 @@ def extra_cases() -> list:
           ("empty", empty, get_renderer("CPU"), {}),
           ("dwconv", catalogue.dwconv2d_ast(1, 4, 8, 16), replay.profiles()["opencl_cpu"](), {}),
           ("conv at width 16", catalogue.conv2d_ast(1, 8, 4, 24, 16), cl16, {}),
-          ("dwconv, native", catalogue.dwconv2d_ast(1, 4, 8, 16), replay.profiles()["cpu_native_w8"](), {})]
+          ("dwconv, native", catalogue.dwconv2d_ast(1, 4, 8, 16), replay.profiles()["cpu_native_w8"](), {}),
+          ("skinny matmul, K no multiple of 8", catalogue._matmul_ast(16, 10, 44), replay.profiles()["cpu_native_w8"](),
+           {})]
 
 @pytest.fixture(scope="module")
 def runs() -> list:

@@ -134,18 +134,27 @@ def test_small_window_unrolled_within_lane_budget():
   lanes = o[0][2] * o[1][2]
   assert ("UNROLL" in [x[0] for x in o]) == (lanes * 3 <= window_lanes(4))
 
-def test_skinny_matmul_tiles_its_narrow_columns_whole():
-  """N = 10 (an MLP's last layer) is no multiple of the width: all 10 columns make the tile, with the reduce unrolled
-  by 4 for independent chains, not rows, whose lanes the packer would mix (rule cpu.narrow_columns)."""
-  assert opts_of(protocol(get("matmul_skinny").ast, R8)) == [("UPCAST", 1, 10), ("UNROLL", 0, 4)]
+def test_skinny_matmul_vectorizes_its_dot_products_along_the_reduce():
+  """N = 10 (an MLP's last layer) is no multiple of the width, and A is unit-stride along K where B is strided: the
+  reduce is unrolled by the width into vector accumulators (B's panel packed along K), then 2 columns x 2 rows (rule
+  cpu.dot_lanes)."""
+  k = protocol(get("matmul_skinny").ast, R8)
+  assert opts_of(k) == [("UNROLL", 0, 8), ("UPCAST", 1, 2), ("UPCAST", 0, 2)]
+  assert "cpu.dot_lanes" in [d.rule for d in k.explain()]
+
+def test_skinny_matmul_whose_reduce_no_width_divides_tiles_its_narrow_columns_whole():
+  """K = 44 takes no UNROLL by 8: all 10 columns make the tile, with the reduce unrolled by 4 for independent chains,
+  not rows, whose lanes the packer would mix (rule cpu.narrow_columns)."""
+  ast = catalogue._matmul_ast(16, 10, 44)
+  assert opts_of(protocol(ast, R8)) == [("UPCAST", 1, 10), ("UNROLL", 0, 4)]
 
 @needs_cc
 @pytest.mark.parametrize("w", WIDTHS)
 def test_skinny_matmul_equals_numpy(w):
   case, r = get("matmul_skinny"), NativeCRenderer(vector_width=w, threads=1)
   k = protocol(case.ast, r)
-  # at width 4 ten columns are over two vectors and over max_upcast (8): the rule does not apply
-  assert (("UPCAST", 1, 10) in opts_of(k)) == (w >= 8)
+  # at width 4 ten columns are over two vectors: neither skinny rule applies
+  assert (("UNROLL", 0, w) in opts_of(k)) == (w >= 8)
   dev = Device.open("CPU", threads=1, vector_width=w)
   for _, outs, refs in catalogue.run_program(dev, case, k.to_program(), seed=w):
     np.testing.assert_allclose(outs[0], refs[0], rtol=1e-5, atol=1e-5)

@@ -6,6 +6,7 @@ from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.ops import BinaryOps
 from kernopt.passes.interchange import interchanged
 from kernopt.passes.lists import closure, loop_axis, loop_ends, ranges_of, reduce_stride, substitute, tile_nests
+from kernopt.passes.vectorize import drop_dead
 from kernopt.uops import ReduceBlock, UOp, UOps, loop_mark
 
 def _block_of(uops: list[UOp], ranges: list[int], rk: UOp) -> Optional[tuple[UOp, int]]:
@@ -20,8 +21,9 @@ def panel_packing(uops: Sequence[UOp], max_elements: int) -> list[UOp]:
   read it from there. B's rows are N floats apart, so for a power-of-two N the rows of a panel share a handful of
   cache sets and evict one another; packed, the panel is streamed once per outer iteration and then read
   sequentially. Values are copied exactly, so results are unchanged. When reduce blocking split the reduce loop the
-  panel holds one block. uops unchanged when the kernel isn't a loop-interchanged tile or its panel has more than
-  max_elements elements."""
+  panel holds one block. A gather (VECTORIZE) of loads copied to consecutive panel offsets, the vectorize pass's dot
+  lanes, becomes one vector load of the panel. uops unchanged when the kernel isn't a loop-interchanged tile or its
+  panel has more than max_elements elements."""
   uops = list(uops)
   if not interchanged(uops): return uops
   ranges = ranges_of(uops)
@@ -59,6 +61,7 @@ def panel_packing(uops: Sequence[UOp], max_elements: int) -> list[UOp]:
   rel: UOp = alu(BinaryOps.ADD, rk, alu(BinaryOps.MUL, blk, c(-steps))) if blk is not None else \
     alu(BinaryOps.ADD, rk, c(-rk.src[0].arg)) if rk.src[0].arg else rk
   repl: dict[UOp, list[UOp]] = {}
+  offs: dict[UOp, int] = {}   # a scalar load -> its row offset in the panel
   placed = before | set(uops[i1:ik + 1])
   off = 0
   def at_row(i: UOp, o: int) -> UOp:
@@ -74,16 +77,27 @@ def panel_packing(uops: Sequence[UOp], max_elements: int) -> list[UOp]:
     new = UOp(UOps.LOAD, dt, (panel, at))
     repl[ld] = [*closure(at, placed), new]
     placed.update(repl[ld])
+    if dt.count == 1: offs[ld] = off
     off += dt.count
   copy.append(UOp(UOps.ENDRANGE, None, (kk,)))
   out = uops[:i1] + copy
   swap: dict[UOp, UOp] = {}
+  merged = False
   for u in uops[i1:]:
     if u in repl:
       out.extend(repl[u])
       swap[u] = repl[u][-1]
       continue
     if any(s in swap for s in u.src):
-      u = swap.setdefault(u, UOp(u.op, u.dtype, tuple(swap.get(s, s) for s in u.src), u.arg))
+      if u.op is UOps.VECTORIZE and _consecutive(u.src, offs):
+        # the lanes of a gather (the vectorize pass's, of a strided operand) are next to each other in the panel
+        swap[u] = u = UOp(UOps.LOAD, u.dtype, (panel, swap[u.src[0]].src[1]))
+        merged = True
+      else: u = swap.setdefault(u, UOp(u.op, u.dtype, tuple(swap.get(s, s) for s in u.src), u.arg))
     out.append(u)
-  return out
+  return drop_dead(out) if merged else out   # without the gathers' scalar panel loads
+
+def _consecutive(lanes: tuple[UOp, ...], offs: dict[UOp, int]) -> bool:
+  """Scalar loads copied into the panel at consecutive offsets, in lane order."""
+  o0 = offs.get(lanes[0])
+  return o0 is not None and all(offs.get(ln) == o0 + t for t, ln in enumerate(lanes))

@@ -4,7 +4,9 @@ STOREs, the ALU ops between them, their accumulators and PHIs become one vector 
 exactly the scalar op it replaces (same operands, same order). A lane read by an unpacked op is read back with a GEP;
 scalar lanes nothing reads any more are dropped. A VECTORIZE gathering a packed load's lanes in order (how the lowerer,
 kernopt.lower_vectors, leaves guarded lanes for this pass: the masked load's mask is spelled after the simplifier) is
-that load's vector. Works on a linearized UOp list and returns one. Imports dtype, ops and uops."""
+that load's vector. Accumulators of a reduce unrolled along a vector load's run (dot lanes: lane t adds
+a[k+t] * b[...]) become one vector accumulator, their other operand gathered. Works on a linearized UOp list and
+returns one. Imports dtype, ops and uops."""
 from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
@@ -163,6 +165,8 @@ class _Packer:
     self.find_loads()
     self.seed_stores()
     while self.step(): pass
+    if self.seed_dots():
+      while self.step(): pass
     self.prune()
     return self.rewrite()
 
@@ -301,6 +305,40 @@ class _Packer:
         self.add("store", members, deps={part[1]})
         added = True
     return added
+
+  def seed_dots(self) -> bool:
+    """W unpacked accumulators whose updates read lanes 0..W-1 of one packed load at the same operand (a dot product
+    unrolled along the load's run: a[k+t] * b[(k+t)*n + j] into accumulator t): one vector accumulator, the other
+    operands packed as trees (a strided operand is gathered; panel packing later makes the gather one load). Lane t
+    still computes exactly its scalar op; several such sets (one per output j) pair up by their order in the list."""
+    of, groups, scope = self.of, self.groups, self.scope
+    buckets: dict[Any, dict[int, list[UOp]]] = {}
+    for u in self.todo:
+      if u.op is not _PHI or u in of or (upd := u.src[1]).op is not _ALU or upd in of or not _packable(upd): continue
+      for i, s in enumerate(upd.src):
+        if (o := of.get(s)) is not None and groups[o[0]].kind == "load":
+          buckets.setdefault((o[0], upd.arg, i, scope[u]), {}).setdefault(o[1], []).append(u)
+          break
+    added = False
+    for lanes in buckets.values():
+      if len(lanes) != self.width or len({len(v) for v in lanes.values()}) != 1: continue
+      for j in range(len(lanes[0])):
+        phis = tuple(lanes[t][j] for t in range(self.width))
+        if not any(p in of for p in phis) and self.dot_operands(phis) and self.tree_phi(phis, 0) is not None:
+          added = True
+    return added
+
+  def dot_operands(self, phis: tuple[UOp, ...]) -> bool:
+    """Every operand of the lanes' updates but the accumulator is one value (a broadcast), packed lanes, or plain
+    loads (a gather): never a gather of computed scalars, which costs more than the scalar ops it would replace."""
+    upds = [p.src[1] for p in phis]
+    for i in range(len(upds[0].src)):
+      xs = [u.src[i] if len(u.src) > i else None for u in upds]
+      if xs[0] is phis[0].src[0] or all(x is xs[0] for x in xs): continue
+      if all(x in self.of for x in xs): continue
+      if not all(x is not None and x.op is _LOAD and len(x.src) == 2 and _plain_global(x.src[0]) and
+                 not (x.src[1].op is _ALU and x.src[1].arg is _WHERE) for x in xs): return False
+    return True
 
   def tree(self, lanes: tuple[UOp, ...], depth: int) -> Optional[tuple]:
     """An operand for lanes: ("s", u) one scalar, ("v", group) packed lanes, ("l", lanes) a vector load of plain loads
