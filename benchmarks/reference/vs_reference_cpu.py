@@ -33,6 +33,9 @@ from kernopt.runtime import Device  # noqa: E402
 
 TG_VENV = os.environ.get("TG_VENV", "/tmp/tgvenv")
 TOL = 1e-4
+# before each column: OpenBLAS's workers spin for a while after a call, and two of them on this 2-core host would
+# share the cores with the next column (kernopt's conv measured 43.5 GF/s right after numpy, 62.6 alone)
+SETTLE_S = 0.2
 
 # ***** yardsticks *****
 
@@ -237,6 +240,7 @@ def main() -> None:
       # after the reference's process or numpy's BLAS threads
       cols = ["ref", *progs[n], "np"]
       for col in cols[r % len(cols):] + cols[:r % len(cols)]:
+        time.sleep(SETTLE_S)
         if col == "ref":
           ref = reference_times([n], a.repeats)
           m["compiler"] = ref["compiler"]
