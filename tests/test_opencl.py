@@ -783,3 +783,42 @@ def test_a_tree_of_vector_max_renders_linearly_and_matches_numpy():
   prg = k.to_program()
   Device["OPENCL"].compile(prg)(*[bufs[x.idx] for x in prg.args], wait=True)
   np.testing.assert_allclose(out.numpy().reshape(4, 8), _max_tree_numpy(24, a, b), rtol=1e-6)
+
+@pytest.mark.parametrize("w", [4, 8, 16])
+def test_cpu_profile_padded_windows_are_masked_vector_loads_bit_for_bit(dev, w):
+  """A padded conv's and depthwise conv's gated window lanes become one masked vector load (caps.masked_loads; a plain
+  vector load when every lane is open, else only the open lanes read): bit for bit the same results as the gathered
+  lanes without masked loads, and numpy's, at widths 4, 8 and 16 (the first and last vector of a row are cut by the
+  padding)."""
+  from dataclasses import replace
+  from tests import catalogue as cat
+  N, C, H, W = 1, 4, 5, 2 * w
+  rng = np.random.default_rng(w)
+  x = rng.standard_normal((N, C, H, W), dtype=np.float32)
+  xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+  wd, wc = rng.standard_normal((C, 3, 3), dtype=np.float32), rng.standard_normal((8, C, 3, 3), dtype=np.float32)
+  conv = sum(np.einsum("nchw,oc->nohw", xp[:, :, ky:ky + H, kx:kx + W], wc[:, :, ky, kx]) for ky in range(3)
+             for kx in range(3))
+  r0 = _cpu_profile(dev, w)
+  def fresh():   # a renderer of its own (the device's is shared by every test)
+    return OpenCLRenderer(local_max=r0.caps.local_max, max_local_size=r0.caps.max_local_size,
+                          shared_max=r0.caps.shared_max, has_fp16=r0.caps.has_fp16,
+                          supports_images=r0.caps.supports_images, vector_width=w,
+                          stream_stores=r0.caps.stream_stores, clang=r0.caps.clang)
+  masked, gathered = fresh(), fresh()
+  gathered.caps = replace(gathered.caps, masked_loads=False)
+  assert masked.caps.masked_loads
+  cases = ((cat.dwconv2d_ast(N, C, H, W), wd, cat.dwconv2d_numpy(x, wd)), (cat.conv2d_ast(N, C, H, W, 8), wc, conv))
+  for ast, wgt, ref in cases:
+    got, opts, src = _run_ast(dev, ast, masked, {1: x, 2: wgt}, ref.size)
+    base, _, base_src = _run_ast(dev, ast, gathered, {1: x, 2: wgt}, ref.size,
+                                 opts=[(o.op, o.axis, o.amt) for o in opts])
+    assert "ko_mload_float" in src and "ko_mload_float" not in base_src
+    np.testing.assert_allclose(got.reshape(ref.shape), ref, rtol=1e-4, atol=1e-4)
+    assert np.array_equal(got.view(np.uint32), base.view(np.uint32))
+
+def test_masked_loads_are_a_declared_capability_of_the_cpu_profile_only():
+  """The static OpenCL profile (GPUs) keeps gathers; a dialect without the spelling refuses a masked LOAD."""
+  from kernopt.renderers.cstyle import CRenderer
+  assert OpenCLRenderer(vector_width=8).caps.masked_loads and not OpenCLRenderer().caps.masked_loads
+  with pytest.raises(UnsupportedError, match="masked"): CRenderer().render_masked_load("b", "0", "3", f32.vec(4))

@@ -220,6 +220,11 @@ class CStyleLanguage(Renderer):
     if dt.count > 1: return f"(*(({self.buffer_prefix}{self.render_dtype(dt)}*)({buf}+{idx})))"
     return self.from_storage(f"{buf}[{idx}]", buf_dt)
 
+  def render_masked_load(self, buf: str, idx: str, mask: str, dt: DType) -> str:
+    """A vector of dt.count contiguous elements from buf[idx], lane l read only where bit l of the int mask is set
+    (+0.0 elsewhere): the vectorize pass makes these where caps.masked_loads."""
+    raise UnsupportedError(f"{self.dialect_name} has no masked vector loads ({dt} from {buf})")
+
   def render_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
     if dt.count > 1: return f"*(({self.buffer_prefix}{self.render_dtype(dt)}*)({buf}+{idx})) = {val};"
     return f"{buf}[{idx}] = {self.to_storage(val, buf_dt)};"

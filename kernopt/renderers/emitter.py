@@ -222,6 +222,9 @@ class Emitter:
     lang, r, src = self.lang, self.r, u.src
     buf, buf_dt = src[0], dtype_of(src[0])
     if isinstance(buf_dt, ImageDType): expr = lang.render_image_load(u, [r[s] for s in src])
+    # the vectorize pass's masked vector LOAD(buf, index, lane mask), where the dialect declares masked_loads
+    elif len(src) == 3 and src[2].op is not _BARRIER:
+      expr = lang.render_masked_load(r[buf], r[src[1]], r[src[2]], dtype_of(u))
     else: expr = lang.render_load(r[buf], r[src[1]], dtype_of(u), buf_dt)
     if len(src) == 4: expr = f"({r[src[2]]}?{expr}:{r[src[3]]})"
     r[u] = v = self.fresh("val")

@@ -16,7 +16,7 @@ from kernopt.errors import UnsupportedError
 from kernopt.helpers import getconfig
 from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
 from kernopt.renderers import Capabilities
-from kernopt.renderers.cstyle import CRenderer, Emitter, RenderContext
+from kernopt.renderers.cstyle import CRenderer, RenderContext
 from kernopt.uops import Mark, ReduceBlock, UOp, UOps, loop_mark
 
 PARALLEL_MODES = ("pthread", "openmp", "none")
@@ -116,16 +116,6 @@ def _check_threads(n: Any) -> int:
     raise UnsupportedError(f"threads must be an int in [1, {limit}]{why}, got {n}")
   return n
 
-class _NativeEmitter(Emitter):
-  """The C emitter plus the packer's masked vector LOAD(buf, index, lane mask)."""
-  def load(self, u: UOp) -> None:
-    if len(u.src) != 3: return super().load(u)
-    r = self.r
-    r[u] = v = self.fresh("val")
-    assert u.dtype is not None
-    self.line(f"{self.value_dtype(u.dtype)} {v} = "
-              f"{self.lang.render_masked_load(r[u.src[0]], r[u.src[1]], r[u.src[2]], u.dtype)};")  # type: ignore
-
 def native_capabilities(vector_width: Optional[int] = None, threads: Optional[int] = None, parallel: str = "pthread",
                         min_parallel_work: int = MIN_PARALLEL_WORK, fused_accumulate: Optional[bool] = None,
                         march: Optional[str] = None, isa: Optional[IsaFacts] = None) -> Capabilities:
@@ -201,7 +191,6 @@ class NativeCRenderer(CRenderer):
   key_caps = ("march", "isa_vector_width", "vector_width", "threads", "parallel", "min_parallel_work", "interchange",
               "pin_loads", "masked_loads", "split_borders", "deinterleave", "reduce_block", "panel_elements",
               "stream_stores")
-  emitter = _NativeEmitter
   # float32 exp2 is kernopt's own (_exp2_helper), scalar and vector alike
   code_for_op = {**CRenderer.code_for_op, UnaryOps.EXP2: _native_exp2}
 

@@ -76,7 +76,7 @@ class OpenCLRenderer(CStyleLanguage):
     if vector_width is not None and vector_width > 1:
       if vector_width not in (2, 4, 8, 16): raise UnsupportedError(f"OpenCL has no float{vector_width} vectors")
       caps = replace(caps, vector_width=vector_width, heuristics="opencl_cpu", supports_float4=False,
-                     max_upcast=max(caps.max_upcast, 2 * vector_width), clang=clang,
+                     max_upcast=max(caps.max_upcast, 2 * vector_width), clang=clang, masked_loads=True,
                      stream_stores=stream_stores and clang)
     self.caps = caps
     self.storage_floats = frozenset((dtypes.bfloat16,) if caps.has_fp16 else (dtypes.half, dtypes.bfloat16))
@@ -236,6 +236,20 @@ class OpenCLRenderer(CStyleLanguage):
       if self.caps.clang: return f"*(({self._space(buf)} const {self._unaligned(s, n)}*)({buf}+{idx}))"
       return f"vload{n}(0, {buf}+{idx})"
     return self.from_storage(f"{buf}[{idx}]", buf_dt)
+
+  def render_masked_load(self, buf: str, idx: str, mask: str, dt: DType) -> str:
+    """The CPU profile's masked float32 vector load (a padded window's lanes): one vector load when every lane is open
+    (a padded conv's interior work-items), else only the open lanes read, through a private array."""
+    n = dt.count
+    if dt.scalar() != dtypes.float32 or n not in (2, 4, 8, 16):
+      raise UnsupportedError(f"{self.dialect_name} has no masked load of {dt}")
+    vt = self.render_dtype(dt)
+    name = f"ko_mload_{vt}"
+    full = self.render_load("b", "i", dt, dtypes.float32)
+    self.helper(name, f"{vt} {name}({self._space(buf)} const float* b, int i, int m) {{ if (m == {(1 << n) - 1}) "
+                      f"return {full}; float t[{n}]; for (int l = 0; l < {n}; l++) t[l] = (m >> l) & 1 ? b[i + l] : "
+                      f"0.0f; return vload{n}(0, t); }}")
+    return f"{name}({buf}, {idx}, {mask})"
 
   def render_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
     s, n = buf_dt.scalar(), dt.count
