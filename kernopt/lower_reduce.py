@@ -67,6 +67,29 @@ class ReduceLowering:
       sub[base] = rng
     return tuple(loops), sub
 
+  def _rebased(self, roots: list[UOp], sub: dict[UOp, UOp]) -> dict[UOp, UOp]:
+    """sub (shared loops -> this reduce's own copies) extended for a source lowered under the shared loops: a reduce
+    nested in that source whose value depends on a substituted loop (or on a loop copied here) gets its own
+    accumulator and its own copies of its loops, so that its copy runs inside the new loops rather than sharing the
+    first copy's (whose loops are nested in the shared ones: the two nests would form a cycle)."""
+    sub = dict(sub)
+    nodes = _toposort(roots)
+    while True:
+      dep = set(sub)
+      for u in nodes:
+        if u not in dep and any(s in dep for s in u.src): dep.add(u)
+      copied = False
+      for u in nodes:
+        if u.op is not UOps.PHI or u not in dep or (acc := u.src[0]).op is not UOps.DEFINE_ACC or acc in sub: continue
+        for r in acc.src:
+          if r.op is UOps.RANGE and r not in sub:
+            n = len(self.own_ranges) + 1
+            sub[r] = self.own_ranges[(r.arg[0], ("nested copy", n))] = UOp(UOps.RANGE, r.dtype, r.src, r.arg + (n,))
+        sub[acc] = UOp(UOps.DEFINE_ACC, acc.dtype, tuple(sub.get(r, r) for r in acc.src), (acc.arg[0], self.acc_n))
+        self.acc_n += 1
+        copied = True
+      if not copied: return sub
+
   def _reduce(self, x: LazyOp) -> Lanes:
     fu = self.first_upcast
     ups = [a - fu for a in x.arg if a >= fu]
@@ -100,6 +123,7 @@ class ReduceLowering:
     """A reduce of scalar source lanes over `loops` and the upcast axes `ups`, accumulated in dt."""
     if sub:
       memo: dict[UOp, UOp] = {}
+      sub = self._rebased(src, sub)
       src = [substitute(u, sub, memo) for u in src]
     combine = lambda xs: functools.reduce(lambda a, b: alu(op, dt, a, b), xs)  # noqa: E731
     by_out: dict[tuple[int, ...], list[int]] = {}
@@ -141,6 +165,7 @@ class ReduceLowering:
     vecs = src.vecs
     if sub:
       memo: dict[UOp, UOp] = {}
+      sub = self._rebased(vecs, sub)
       vecs = [substitute(u, sub, memo) for u in vecs]
     vdt = dt.vec(vp.w)
     def accumulate(v: UOp, n: int) -> UOp:
@@ -245,6 +270,23 @@ def reduce_paths(ast: LazyOp) -> dict[LazyOp, tuple]:
       path = path + (tuple(op.arg) if isinstance(op.arg, tuple) else (),)
     stack.extend([(s, path) for s in reversed(op.src)])
   return paths
+
+def _toposort(roots: list[UOp]) -> list[UOp]:
+  """Every UOp reachable from roots, sources before users (iterative)."""
+  order: list[UOp] = []
+  seen: set[UOp] = set()
+  for root in roots:
+    stack: list[tuple[UOp, bool]] = [(root, False)]
+    while stack:
+      u, ready = stack.pop()
+      if ready:
+        order.append(u)
+        continue
+      if u in seen: continue
+      seen.add(u)
+      stack.append((u, True))
+      stack.extend([(s, False) for s in reversed(u.src) if s not in seen])
+  return order
 
 def substitute(u: UOp, sub: dict[UOp, UOp], memo: dict[UOp, UOp]) -> UOp:
   """u with every UOp in sub replaced (only the UOps that depend on one are rebuilt)."""

@@ -547,3 +547,36 @@ def test_lane_substitute_matches_substitute():
     c = lhs.lt(rng.randint(-20, 60))
     for x in range(8):
       assert lane_substitute(c, {up: x}) == c.substitute({up: NumNode(x)})
+
+def _shared_nested_reduce_cases():
+  """(AST, numpy of each output) for a reduce read by two outputs under different enclosing reduces (the AST fuzzer's
+  seed 48002: m = MAX over axis 1, then SUM_2(MAX_0(m)) and SUM_{0,2}(m)), and deeper variants."""
+  from catalogue import buf, kernel, reduce, store
+  S, M, X = ReduceOps.SUM, ReduceOps.MAX, buf(2, (8, 4, 7))
+  m = reduce(M, X, (1,))
+  mm = reduce(S, reduce(M, buf(2, (8, 4, 7, 3), st=ShapeTracker.from_shape((8, 4, 7, 1)).expand((8, 4, 7, 3))),
+                        (3,)), (1,))   # a reduce nested in the shared one
+  return [
+    (kernel(store(reduce(S, reduce(M, m, (0,)), (2,))), store(reduce(S, m, (0, 2)), idx=1)),
+     lambda x: [x.max(1).max(0).sum(), x.max(1).sum()]),
+    (kernel(store(reduce(S, m, (0, 2))), store(reduce(S, reduce(S, m, (0,)), (2,)), idx=1)),
+     lambda x: [x.max(1).sum(), x.max(1).sum(0).sum()]),
+    (kernel(store(reduce(M, reduce(S, mm, (2,)), (0,))), store(reduce(S, mm, (0, 2)), idx=1)),
+     lambda x: [x.sum(1).sum(1).max(0), x.sum(1).sum()]),
+  ]
+
+@pytest.mark.parametrize("device", ["CPU", "PYTHON"])
+def test_a_reduce_shared_under_different_enclosing_reduces_gets_its_own_loops_in_each(device):
+  """Lowered once under the first output's loops, a shared reduce read again under the second output's own copies of
+  those loops gets its own accumulator and loop copies there (else its single loop would have to nest inside both
+  nests: a cycle the linearizer refuses); the numbers are numpy's."""
+  from kernopt.kernel import Kernel
+  from kernopt.runtime import Buffer, Device
+  dev = Device[device]
+  x = np.random.default_rng(3).standard_normal((8, 4, 7)).astype(np.float32)
+  for ast, want in _shared_nested_reduce_cases():
+    prg = Kernel(ast, opts=dev.renderer).to_program()
+    bufs = {i: Buffer(device, n, dtypes.float) for i, n in ((0, 1), (1, 1), (2, x.size))}
+    bufs[2].copyin(x.reshape(-1))
+    dev.compile(prg)(*[bufs[a.idx] for a in prg.args], wait=True)
+    np.testing.assert_allclose([bufs[0].numpy()[0], bufs[1].numpy()[0]], want(x.astype(np.float64)), rtol=1e-5)
