@@ -91,3 +91,34 @@ def test_a_gather_ending_at_the_buffers_last_element(w):
   out = Buffer(dev, n, dtypes.float)
   dev.compile(prg)(out, Buffer(dev, x.size, dtypes.float).copyin(x), wait=True)
   assert out.numpy().tobytes() == (x[0::2] + x[1::2]).tobytes()
+
+@needs_cc
+@pytest.mark.parametrize("flags", [["-mavx2"], ["-mno-avx"]], ids=["avx2", "generic"])
+def test_the_8_lane_shuffle_helper_picks_even_lanes_of_a_and_odd_lanes_of_b(tmp_path, flags):
+  """ko_deint_float8, the native dialect's spelling of the pass's 8-lane shuffle, on both of its paths (AVX2's
+  vshufps + vpermpd, and the lanes one by one), against numpy's slicing."""
+  import ctypes
+  import platform
+  import subprocess
+  from kernopt.renderers.native import _DEINT8
+  if flags == ["-mavx2"] and platform.machine().lower() not in ("x86_64", "amd64"): pytest.skip("x86 only")
+  src = "\n".join(["typedef float float8 __attribute__((aligned(32), vector_size(32)));", _DEINT8.format(vt="float8"),
+                   "void run(const float* a, const float* b, float* out) {",
+                   "  float8 x, y; __builtin_memcpy(&x, a, 32); __builtin_memcpy(&y, b, 32);",
+                   "  float8 r = ko_deint_float8(x, y); __builtin_memcpy(out, &r, 32); }"])
+  (tmp_path / "d.c").write_text(src)
+  so = tmp_path / "d.so"
+  subprocess.run(["gcc", "-O2", *flags, "-shared", "-fPIC", str(tmp_path / "d.c"), "-o", str(so)], check=True)
+  run = ctypes.CDLL(str(so)).run
+  a, b = np.arange(8, dtype=np.float32), np.arange(100, 108, dtype=np.float32)
+  out = np.zeros(8, np.float32)
+  ptr = lambda x: x.ctypes.data_as(ctypes.c_void_p)  # noqa: E731
+  run(ptr(a), ptr(b), ptr(out))
+  assert out.tolist() == a[0::2].tolist() + b[1::2].tolist()
+
+@needs_cc
+def test_width_8_spells_the_shuffle_with_the_helper():
+  case = get("conv2d_s2", "large")
+  k = Kernel(case.ast, opts=_device(8, True).renderer).required_optimizations()
+  k.hand_coded_optimizations()
+  assert "ko_deint_float8(" in k.to_program().src

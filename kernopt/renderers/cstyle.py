@@ -239,6 +239,11 @@ class CStyleLanguage(Renderer):
   def render_gep(self, x: str, lane: int, dt: DType) -> str:
     return f"{x}.{'xyzw'[lane] if dt.count <= 4 else f's{lane:x}'}"
 
+  def render_shuffle(self, dt: DType, picks: list[tuple[str, int]]) -> Optional[str]:
+    """A vector dt whose lane l is lane picks[l][1] of the vector named picks[l][0], when the dialect has a better
+    spelling than the lanes one by one (render_vectorize of the GEPs); None: it has not."""
+    return None
+
   def render_local(self, name: str, dt: DType, size: int) -> str:
     return f"{self.smem_prefix}{self.render_dtype(dt)} {name}[{size}];"
 

@@ -210,7 +210,11 @@ class Emitter:
         self.value(u, lang.render_cast(r[src[0]], dtype_of(src[0]), dtype_of(u)), uses.get(u, 0))
       elif op is _BITCAST:
         self.value(u, lang.render_bitcast(r[src[0]], dtype_of(src[0]), dtype_of(u)), uses.get(u, 0))
-      elif op is _VECTORIZE: self.value(u, lang.render_vectorize(dtype_of(u), [r[s] for s in src]), uses.get(u, 0))
+      elif op is _VECTORIZE:
+        # lanes picked from other vectors (the deinterleave pass's shuffle): a dialect may spell the pattern
+        expr = lang.render_shuffle(dtype_of(u), [(r[s.src[0]], s.arg) for s in src]) \
+          if src and all(s.op is _GEP for s in src) else None
+        self.value(u, expr or lang.render_vectorize(dtype_of(u), [r[s] for s in src]), uses.get(u, 0))
       elif op is _GEP: self.value(u, lang.render_gep(r[src[0]], u.arg, dtype_of(src[0])), uses.get(u, 0))
       elif op is _WMMA: self.value(u, lang.render_wmma(u, [r[s] for s in src]), 2)
       elif op is _SINK: pass
