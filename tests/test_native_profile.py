@@ -575,20 +575,23 @@ def _exp2_inputs() -> np.ndarray:
   return np.concatenate([x, np.zeros(-len(x) % 64, np.float32)])
 
 @needs_cc
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("w", WIDTHS)
-def test_exp2_within_one_ulp_and_the_same_in_every_lane_width(w):
-  """The native profile's float32 EXP2 (renderers/native.py _exp2_helper): within 1 ulp of the correctly rounded
-  value (numpy's float64 exp2, rounded) over a sweep of float32 values, NaN, infinities, overflow and underflow
-  exact; the packed vector kernel gives the scalar kernel's bits."""
+def test_exp2_within_one_ulp_and_the_same_in_every_lane_width(w, fused):
+  """The native profile's float32 EXP2 (renderers/native.py _exp2_helper), its polynomial by multiplies and adds or,
+  where the profile fuses, by FMAs: within 1 ulp of the correctly rounded value (numpy's float64 exp2, rounded) over
+  a sweep of float32 values, NaN, infinities, overflow and underflow exact; the packed vector kernel gives the scalar
+  kernel's bits."""
   x = _exp2_inputs()
   ast = kernel(store(alu(UnaryOps.EXP2, buf(1, (x.size,)))))
-  dev = Device.open("CPU", threads=1, vector_width=w)
+  dev = Device.open("CPU", threads=1, vector_width=w, fused_accumulate=fused)
   outs = []
   for opts in ([], [Opt(OptOps.UPCAST, 0, w)]):
     k = Kernel(ast, opts=dev.renderer)
     for o in opts: k.apply_opt(o)
     prg = k.to_program()
     assert (f"ko_exp2_float{w}(" if opts else "ko_exp2f(") in prg.src
+    assert (("ko_fma_float" if opts else "fmaf(") in prg.src) == fused
     out, inp = Buffer(dev, x.size, dtypes.float), Buffer(dev, x.size, dtypes.float).copyin(x)
     dev.compile(prg)(out, inp, wait=True)
     outs.append(out.numpy())

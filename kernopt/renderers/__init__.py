@@ -73,7 +73,8 @@ class Capabilities:
   max_local_size: int = _cap(0x8FFFFFFF, "most work-items in one workgroup: the product of its local sizes")
   tensor_cores: tuple[TensorCore, ...] = _cap((), "the warp-wide matrix multiply-accumulates TC Opts may use")
   supports_images: bool = _cap(False, "image buffers (ImageDType) can be read and written")
-  fused_accumulate: bool = _cap(False, "a float32 SUM of products accumulates as MULACC, in one rounding")
+  fused_accumulate: bool = _cap(False, "float32 multiply-adds fuse (one rounding): SUMs of products as MULACC, "
+                                       "the native exp2's polynomial")
   heuristics: str = _cap("spec", "the heuristics profile (kernopt.heuristics_registry) tried before the spec's rules")
   vector_width: int = _cap(1, "fp32 lanes of the target's vectors the heuristics tile for and lanes are packed into")
   has_fp16: bool = _cap(False, "half arithmetic (OpenCL cl_khr_fp16); without it half is a storage type")

@@ -148,24 +148,36 @@ def native_capabilities(vector_width: Optional[int] = None, threads: Optional[in
                  stream_min=STREAM_MIN,
                  fused_accumulate=isa.fma if fused_accumulate is None else fused_accumulate)
 
-# 2^f on [-0.5, 0.5] (least squares on relative error, degree 6): with the exact scaling below, within 1 ulp of the
-# correctly rounded exp2 on every float32 tested (tests/test_native_profile.py), the same bits in every lane width
-_EXP2_POLY = "1.0f + f * (0.693147182f + f * (0.240226492f + f * (0.0555034243f + f * (0.00961836521f + " \
-             "f * (0.00133946899f + f * 0.000153633708f)))))"
+# 2^f on [-0.5, 0.5] (least squares on relative error, degree 6), constant term first: with the exact scaling below,
+# within 1 ulp of the correctly rounded exp2 on every float32 tested (tests/test_native_profile.py), fused or not
+_EXP2_COEFFS = ("1.0f", "0.693147182f", "0.240226492f", "0.0555034243f", "0.00961836521f", "0.00133946899f",
+                "0.000153633708f")
+
+def _exp2_poly(fma: Optional[str], ft: str) -> str:
+  """_EXP2_COEFFS at f by Horner's rule: c0 + f * (c1 + f * (...)) as multiplies and adds, or, given `fma` (the name
+  of a fused a*b + c on ft), one fma per step: one rounding each, and a dependency chain half as long (the
+  reference's softmax exp kernel, 1 thread, Zen 3: 1.2x)."""
+  if fma is None:
+    return " + f * (".join(_EXP2_COEFFS[:-1]) + f" + f * {_EXP2_COEFFS[-1]}" + ")" * (len(_EXP2_COEFFS) - 2)
+  acc = f"({ft}){{0}} + {_EXP2_COEFFS[-1]}" if ft != "float" else _EXP2_COEFFS[-1]
+  for c in reversed(_EXP2_COEFFS[:-1]):
+    acc = f"{fma}({acc}, f, {c if ft == 'float' else f'({ft}){{0}} + {c}'})"
+  return acc
 
 @functools.lru_cache(None)
-def _exp2_helper(name: str, ft: str, it: str, n: int) -> str:
+def _exp2_helper(name: str, ft: str, it: str, n: int, fma: Optional[str] = None) -> str:
   """kernopt's float32 exp2, `name`(x) on ft (float, or a vector of n floats; it: the int type of as many lanes):
-  x clamped to [-151, 129] (NaN kept), r = x rounded to nearest even by the 1.5 * 2^23 trick, 2^(x - r) by _EXP2_POLY,
-  times 2^r as two exact powers of two (so results that underflow round once). Branch-free, so the vector version
-  is the scalar one lane by lane and packing never changes a result; libm's exp2f is a call per lane."""
+  x clamped to [-151, 129] (NaN kept), r = x rounded to nearest even by the 1.5 * 2^23 trick, 2^(x - r) by
+  _exp2_poly(fma), times 2^r as two exact powers of two (so results that underflow round once). Branch-free, so the
+  vector version is the scalar one lane by lane (with fmaf and a lane-wise fma alike) and packing never changes a
+  result; libm's exp2f is a call per lane."""
   if n == 1:
     return "\n".join([
       f"static inline float {name}(float x) {{",
       "  float c = x < -151.0f ? -151.0f : (x > 129.0f ? 129.0f : x), z = c != c ? 0.0f : c;",
       "  float r = (z + 12582912.0f) - 12582912.0f, f = c - r;",
       "  int32_t n = (int32_t)r, h = n / 2;",
-      f"  float p = {_EXP2_POLY};",
+      f"  float p = {_exp2_poly(fma, ft)};",
       "  union { int32_t i; float f; } s1 = { .i = (h + 127) << 23 }, s2 = { .i = (n - h + 127) << 23 };",
       "  return (p * s1.f) * s2.f;", "}"])
   return "\n".join([
@@ -175,13 +187,14 @@ def _exp2_helper(name: str, ft: str, it: str, n: int) -> str:
     f"(~(lo | hi) & ({it})x));",
     f"  {ft} z = ({ft})(~nan & ({it})c), r = (z + 12582912.0f) - 12582912.0f, f = c - r;",
     f"  {it} n = __builtin_convertvector(r, {it}), h = n / 2;",
-    f"  {ft} p = {_EXP2_POLY};",
+    f"  {ft} p = {_exp2_poly(fma, ft)};",
     f"  return (p * ({ft})((h + 127) << 23)) * ({ft})((n - h + 127) << 23);", "}"])
 
 def _native_exp2(r: Any, dt: DType, x: str) -> str:
   if not dtypes.is_float(dt): raise UnsupportedError(f"{r.dialect_name} has no exp2 on {dt}")
   if dt != dtypes.float32: return f"exp2{r.math_suffix(dt)}({x})"   # double: libm
-  return f"{r.helper('ko_exp2f', _exp2_helper('ko_exp2f', 'float', 'int32_t', 1))}({x})"
+  fma = "fmaf" if r.caps.fused_accumulate else None
+  return f"{r.helper('ko_exp2f', _exp2_helper('ko_exp2f', 'float', 'int32_t', 1, fma))}({x})"
 
 class NativeCRenderer(CRenderer):
   """CRenderer for this host, its record `native_capabilities(...)` of the same arguments: `vector_width` fp32 lanes,
@@ -221,12 +234,16 @@ class NativeCRenderer(CRenderer):
       return f"{name}({srcs[0]}, {srcs[1]})"
     if op is UnaryOps.EXP2:
       vt, it = self.render_dtype(dt), self.render_dtype(dtypes.int32.vec(dt.count))
-      return f"{self.helper(f'ko_exp2_{vt}', _exp2_helper(f'ko_exp2_{vt}', vt, it, dt.count))}({srcs[0]})"
-    if op is TernaryOps.MULACC:
-      name = f"ko_fma_{self.render_dtype(dt)}"
-      self.helper(name, _fma_helper(name, self.render_dtype(dt), dt.count))
-      return f"{name}({srcs[0]}, {srcs[1]}, {srcs[2]})"
+      fma = self._fma(dt) if self.caps.fused_accumulate else None
+      return f"{self.helper(f'ko_exp2_{vt}', _exp2_helper(f'ko_exp2_{vt}', vt, it, dt.count, fma))}({srcs[0]})"
+    if op is TernaryOps.MULACC: return f"{self._fma(dt)}({srcs[0]}, {srcs[1]}, {srcs[2]})"
     raise UnsupportedError(f"{self.dialect_name} has no vector {op.name}")
+
+  def _fma(self, dt: DType) -> str:
+    """The name of the lane-wise fused multiply-add on vector dt (_fma_helper), registered with this render."""
+    name = f"ko_fma_{self.render_dtype(dt)}"
+    self.helper(name, _fma_helper(name, self.render_dtype(dt), dt.count))
+    return name
 
   def render_load(self, buf: str, idx: str, dt: DType, buf_dt: DType) -> str:
     if dt.count == 1 or not self._pinnable(dt): return super().render_load(buf, idx, dt, buf_dt)
