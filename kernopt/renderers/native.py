@@ -180,15 +180,26 @@ def _exp2_helper(name: str, ft: str, it: str, n: int, fma: Optional[str] = None)
       f"  float p = {_exp2_poly(fma, ft)};",
       "  union { int32_t i; float f; } s1 = { .i = (h + 127) << 23 }, s2 = { .i = (n - h + 127) << 23 };",
       "  return (p * s1.f) * s2.f;", "}"])
+  masked = [f"  {it} lo = x < -151.0f, hi = x > 129.0f;",
+            f"  {ft} c = ({ft})((lo & ({it})(({ft}){{0}} - 151.0f)) | (hi & ({it})(({ft}){{0}} + 129.0f)) | "
+            f"(~(lo | hi) & ({it})x));"]
+  if n in _MINMAX:
+    # x86's max(a, b) is b when either is NaN: max(-151, x), then min(129, .), keep a NaN x (2 ops instead of 7)
+    mn, mx, isa = _MINMAX[n]
+    masked = [f"#if defined(__x86_64__) && defined({isa})",
+              f"  {ft} c = {mn}(({ft}){{0}} + 129.0f, {mx}(({ft}){{0}} - 151.0f, x));", "#else", *masked, "#endif"]
+  # h = floor(n / 2) by a shift where the scalar truncates: either split keeps p * 2^h a normal float, so the one
+  # rounding of (p * 2^h) * 2^(n-h) gives the same bits
   return "\n".join([
-    f"static inline {ft} {name}({ft} x) {{",
-    f"  {it} lo = x < -151.0f, hi = x > 129.0f, nan = x != x;",
-    f"  {ft} c = ({ft})((lo & ({it})(({ft}){{0}} - 151.0f)) | (hi & ({it})(({ft}){{0}} + 129.0f)) | "
-    f"(~(lo | hi) & ({it})x));",
+    f"static inline {ft} {name}({ft} x) {{", *masked, f"  {it} nan = x != x;",
     f"  {ft} z = ({ft})(~nan & ({it})c), r = (z + 12582912.0f) - 12582912.0f, f = c - r;",
-    f"  {it} n = __builtin_convertvector(r, {it}), h = n / 2;",
+    f"  {it} n = __builtin_convertvector(r, {it}), h = n >> 1;",
     f"  {ft} p = {_exp2_poly(fma, ft)};",
     f"  return (p * ({ft})((h + 127) << 23)) * ({ft})((n - h + 127) << 23);", "}"])
+
+# x86 lane-wise min and max of n floats, each the second operand where either is NaN: (min, max, ISA macro)
+_MINMAX = {4: ("__builtin_ia32_minps", "__builtin_ia32_maxps", "__SSE__"),
+           8: ("__builtin_ia32_minps256", "__builtin_ia32_maxps256", "__AVX__")}
 
 def _native_exp2(r: Any, dt: DType, x: str) -> str:
   if not dtypes.is_float(dt): raise UnsupportedError(f"{r.dialect_name} has no exp2 on {dt}")
