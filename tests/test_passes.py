@@ -299,3 +299,44 @@ def test_passes_import_no_renderer():
     names = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)] + \
             [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in names if m.startswith("kernopt.renderers")], path.name
+
+# ***** the masked vector load's lane mask *****
+
+def _eval_int(u, env):
+  """The value of an int/bool mask UOp tree at the leaf values `env` (an evaluator of the few ops a mask holds)."""
+  if u in env: return env[u]
+  if u.op is UOps.CONST: return int(u.arg)
+  if u.op is UOps.CAST: return int(_eval_int(u.src[0], env))
+  a = [_eval_int(s, env) for s in u.src]
+  return {BinaryOps.AND: lambda: a[0] & a[1], BinaryOps.MUL: lambda: a[0] * a[1], BinaryOps.ADD: lambda: a[0] + a[1],
+          TernaryOps.WHERE: lambda: a[1] if a[0] else a[2]}[u.arg]()
+
+@pytest.mark.parametrize("shape", ["window_row", "no_shared_check", "ungated_lane", "nested_row_check"])
+def test_masked_load_mask_sets_exactly_the_open_lanes_bits(shape):
+  """masked_load_mask(lanes) has bit l set exactly where lane l's gate holds, for every value of the checks; gates
+  that share a conjunct (a window row: the row check on every lane, column checks on the first and last) become
+  WHERE(shared check, the bits of the rest, 0)."""
+  from itertools import product
+  from kernopt.passes.vectorize import masked_load_mask
+  from kernopt.uops import UOp
+  b, i32 = dtypes.bool, dtypes.int32
+  leaves = [UOp(UOps.DEFINE_VAR, b, (), f"g{n}") for n in range(5)]
+  r0, r1, c0, c7, x = leaves
+  AND = lambda p, q: UOp(UOps.ALU, b, (p, q), BinaryOps.AND)  # noqa: E731
+  row = AND(r0, r1)
+  gates = {"window_row": [AND(row, c0)] + [row] * 6 + [AND(c7, row)],
+           "no_shared_check": [c0, c7] * 4,
+           "ungated_lane": [None] + [AND(row, c0)] * 7,
+           "nested_row_check": [AND(AND(row, c0), x)] + [row] * 6 + [AND(row, c7)]}[shape]
+  buf_u = UOp(UOps.DEFINE_GLOBAL, dtypes.float32, (), (1, "data1", False))
+  zero, idx = UOp(UOps.CONST, dtypes.float32, (), 0.0), UOp(UOps.CONST, i32, (), 0)
+  lanes = tuple(UOp(UOps.LOAD, dtypes.float32, (buf_u, idx)) if g is None else
+                UOp(UOps.LOAD, dtypes.float32, (buf_u, UOp(UOps.ALU, i32, (g, idx, idx), TernaryOps.WHERE), g, zero))
+                for g in gates)
+  mask = masked_load_mask(lanes)
+  assert (mask.op is UOps.ALU and mask.arg is TernaryOps.WHERE and mask.src[0] is row) == \
+    (shape in ("window_row", "nested_row_check"))
+  for vals in product((0, 1), repeat=len(leaves)):
+    env = dict(zip(leaves, vals))
+    want = sum(1 << lane for lane, g in enumerate(gates) if g is None or _eval_int(g, env))
+    assert _eval_int(mask, env) == want, (shape, vals)

@@ -322,11 +322,11 @@ class NativeCRenderer(CRenderer):
     vt, st, n = self.render_dtype(dt), self.render_dtype(dt.scalar()), dt.count
     name = f"ko_mload_{vt}"
     pin = f' __asm__("" : "+{self.caps.pin_loads}"(v));' if self._pinnable(dt) else ""
-    head = f"static inline {vt} {name}(const {st}* b, int32_t i, int32_t m) {{ {vt} v; " \
-           f"if (m == {(1 << n) - 1}) {{ memcpy(&v, b + i, sizeof(v));{pin} return v; }}"
+    decl = f"static inline {vt} {name}(const {st}* b, int32_t i, int32_t m) {{ {vt} v;"
+    fast = f"if (m == {(1 << n) - 1}) {{ memcpy(&v, b + i, sizeof(v));{pin} return v; }}"
     loop = f"for (int l = 0; l < {n}; l++) v[l] = (m >> l) & 1 ? b[i + l] : 0.0f; return v;"
-    self.helper(name, _mload_helper(head, loop, vt, n) if dt.scalar() == dtypes.float32 and n in _MASKLOAD
-                else f"{head} {loop} }}")
+    self.helper(name, _mload_helper(decl, fast, loop, vt, n) if dt.scalar() == dtypes.float32 and n in _MASKLOAD
+                else f"{decl} {fast} {loop} }}")
     return f"{name}({buf}, {idx}, {mask})"
 
   def render_shuffle(self, dt: DType, picks: list[tuple[str, int]]) -> Optional[str]:
@@ -398,18 +398,24 @@ _MASKLOAD = {4: ("__builtin_ia32_maskloadps((const float4*)p, k)", "__AVX__"),
              8: ("__builtin_ia32_maskloadps256((const float8*)p, k)", "__AVX__"),
              16: ("__builtin_ia32_loadups512_mask((const float*)p, (float16){0}, (uint16_t)m)", "__AVX512F__")}
 
-def _mload_helper(head: str, loop: str, vt: str, n: int) -> str:
-  """A partial vector load through the ISA's masked load where it has one (AVX: the lanes' bits of m as a vector of
-  all-ones or zero ints; AVX-512: m itself), else lane by lane: the border of a padded load then needs no help from
-  the loop vectorizer, which runtime/cpu.py's miscompile table may switch off. The address is formed as an integer
-  (it points before the buffer when the first lanes are padding; those lanes are never read)."""
+def _mload_helper(decl: str, fast: str, loop: str, vt: str, n: int) -> str:
+  """A partial vector load through the ISA's masked load where it has one (AVX: the lanes' bits of m as the sign
+  bits of a vector of ints, all the instruction reads; AVX-512: m itself), else the all-open `fast` path and the
+  lane-by-lane `loop`: the border of a padded load then needs no help from the loop vectorizer, which runtime/cpu.py's
+  miscompile table may switch off. The address is formed as an integer (it points before the buffer when the first
+  lanes are padding; those lanes are never read). AVX takes no all-open branch: its join made gcc 12 spill two of a
+  conv tile's eight accumulators in the border loop (the reference's conv 64x56, 1 thread, Zen 3: 1.07-1.16x, with
+  the mask's shared row check a select, passes.vectorize.masked_load_mask)."""
   call, isa = _MASKLOAD[n]
-  lanes = ", ".join(str(1 << l) for l in range(n))
-  mask = [] if n == 16 else [f"  typedef int32_t ko_lanes{n} __attribute__((vector_size({4 * n})));",
-                             f"  ko_lanes{n} k = (((ko_lanes{n}){{0}} + m) & (ko_lanes{n}){{{lanes}}}) != 0;"]
-  return "\n".join([head, f"#if defined(__x86_64__) && defined({isa})", *mask,
-                    "  const void* p = (const void*)((uintptr_t)b + (intptr_t)i * (intptr_t)sizeof(float));",
-                    f"  return {call};", "#else", f"  {loop}", "#endif", "}"])
+  addr = "  const void* p = (const void*)((uintptr_t)b + (intptr_t)i * (intptr_t)sizeof(float));"
+  if n == 16:
+    return "\n".join([f"{decl} {fast}", f"#if defined(__x86_64__) && defined({isa})", addr, f"  return {call};",
+                      "#else", f"  {loop}", "#endif", "}"])
+  shifts = ", ".join(str(31 - l) for l in range(n))
+  return "\n".join([decl, f"#if defined(__x86_64__) && defined({isa})",
+                    f"  typedef int32_t ko_lanes{n} __attribute__((vector_size({4 * n})));",
+                    f"  ko_lanes{n} k = ((ko_lanes{n}){{0}} + m) << (ko_lanes{n}){{{shifts}}};", addr,
+                    f"  return {call};", "#else", f"  {fast} {loop}", "#endif", "}"])
 
 # x86 fused multiply-add of n floats: (builtin, its extra arguments, ISA macro); the builtins need no header
 _VFMADD = {4: ("__builtin_ia32_vfmaddps", "", "__FMA__"), 8: ("__builtin_ia32_vfmaddps256", "", "__FMA__"),
