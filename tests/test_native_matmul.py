@@ -6,6 +6,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from catalogue import get
+from kernopt.dtype import dtypes
 from kernopt.kernel import Kernel, Opt, OptOps
 from kernopt.ops import BinaryOps, TernaryOps
 from kernopt.renderers.cstyle import CRenderer
@@ -121,3 +122,26 @@ def test_panel_refuses_what_it_cant_hold():
   assert panel_packing(uops, 64 * 16 - 1) == uops
   add = Kernel(get("add").ast, opts=NativeCRenderer(vector_width=8, threads=1)).linearize().uops
   assert panel_packing(add, 1 << 15) == add
+
+# ***** cpu.six_rows: a 6 x 2-vector tile where 6 divides the rows *****
+
+@needs_cc
+@pytest.mark.parametrize("w", [4, 8, 16])
+@pytest.mark.parametrize("M,N,K", [(48, 64, 40), (6, 32, 24), (12, 255, 20), (64, 64, 40)])
+def test_six_row_tiles_where_six_divides_the_rows(w, M, N, K):
+  """At widths 4 and 8 (16 vector registers) a matmul whose rows 6 divides takes 6 rows, upcast before the two
+  vectors of columns (12 accumulators); M = 6 upcasts the whole axis, 255 columns are padded first; width 16 (32
+  registers) and M = 64 keep their tiles. Each kernel equals numpy's matmul."""
+  from catalogue import _matmul_ast
+  dev = Device.open("CPU", threads=1, vector_width=w)
+  k = protocol(_matmul_ast(M, N, K), dev.renderer)
+  ups = [(o.op, o.amt) for o in k.applied_opts if o.op is OptOps.UPCAST]
+  six = w < 16 and M % 6 == 0
+  assert (ups[:2] == [(OptOps.UPCAST, 6), (OptOps.UPCAST, 2 * w)]) == six, k.applied_opts
+  assert six or (OptOps.UPCAST, 6) not in ups
+  rng = np.random.default_rng(M * N + w)
+  a, b = rng.standard_normal((M, K), np.float32), rng.standard_normal((K, N), np.float32)
+  out, ba, bb = Buffer("CPU", M * N, dtypes.float), Buffer("CPU", M * K, dtypes.float).copyin(a.ravel()), \
+    Buffer("CPU", K * N, dtypes.float).copyin(b.ravel())
+  dev.compile(k.to_program())(out, ba, bb, wait=True)
+  np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
