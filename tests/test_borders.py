@@ -298,6 +298,28 @@ def test_a_padded_column_axis_versions_the_tile_loop_whole_and_its_copy_is_block
   assert versioned.tobytes() == plain.tobytes()
   np.testing.assert_allclose(versioned, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
 
+@needs_cc
+@pytest.mark.parametrize("w", (4, 8))
+def test_a_padded_row_axis_splits_the_tile_loop_and_its_copy_is_blocked(w):
+  """The PADTO'd row axis (cpu.six_rows: 100 rows to 102, 17 tiles of 6) is the interchanged tile loop itself, so the
+  box narrows it to its first 16 tiles: the loop is split there, a loop over those 16 runs the interior copy, a plain
+  tile nest that reduce blocking and panel packing take (K = 96 in 4 blocks of 24), and the tile loop after it runs
+  the gated region for the last tile only (an IF). Bit for bit the unversioned kernel, and numpy."""
+  rng = np.random.default_rng(w)
+  a, b = rng.standard_normal((100, 96)).astype(np.float32), rng.standard_normal((96, 64)).astype(np.float32)
+  uops: list = []
+  (plain, _, opts0), (versioned, _, opts) = _padded_matmul(w, False, a, b, 24), _padded_matmul(w, True, a, b, 24, uops)
+  assert opts[:2] == ["PADTO", "UPCAST"] and opts == opts0
+  copies = [u for u in uops if u.op is UOps.RANGE and isinstance(u.arg[0], tuple) and not u.arg[1]]
+  assert len(copies) == 1 and copies[0].src[1].arg - copies[0].src[0].arg == 16   # the box's tiles
+  blocks = [u for u in uops if u.op is UOps.RANGE and isinstance(loop_mark(u), ReduceBlock)]
+  assert len(blocks) == 1 and isinstance(loop_mark(blocks[0]).of.arg[0], tuple)   # the interior copy's reduce
+  assert [u.op for u in uops].count(UOps.DEFINE_LOCAL) == 1                       # its panel
+  tile = next(i for i, u in enumerate(uops) if u.op is UOps.RANGE and u.arg[0] == 0 and not u.arg[1])
+  assert uops.index(copies[0]) < tile and any(u.op is UOps.IF for u in uops[tile:])
+  assert versioned.tobytes() == plain.tobytes()
+  np.testing.assert_allclose(versioned, a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
 # ***** reduces hoisted out of the tile loop *****
 
 def _attention_softmax(nq: int, t: int, d: int):
