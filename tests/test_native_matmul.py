@@ -149,3 +149,27 @@ def test_six_row_tiles(w, M, N, K):
     Buffer("CPU", K * N, dtypes.float).copyin(b.ravel())
   dev.compile(k.to_program())(out, ba, bb, wait=True)
   np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+@needs_cc
+def test_six_row_tiles_on_random_shapes():
+  """Seeded random matmuls (M 1-300, N 1-80, K 1-300) at widths 4 and 8, on 1 and 2 threads, by the standard protocol:
+  six-row tiles, padded rows and the split tile loop among them, each equal to numpy's matmul. 16 shapes by default,
+  FUZZ_N * 16 when FUZZ_N is set."""
+  import os
+  from catalogue import _matmul_ast
+  rng = np.random.default_rng(int(os.environ.get("FUZZ_SEED", "0")))
+  devs = {(w, t): Device.open("CPU", threads=t, vector_width=w, min_parallel_work=0) for w in (4, 8) for t in (1, 2)}
+  seen_split = 0
+  for _ in range(16 * int(os.environ.get("FUZZ_N", "1"))):
+    M, N, K = int(rng.integers(1, 301)), int(rng.integers(1, 81)), int(rng.integers(1, 301))
+    dev = devs[(int(rng.choice([4, 8])), int(rng.integers(1, 3)))]
+    k = protocol(_matmul_ast(M, N, K), dev.renderer)
+    prg = k.to_program()
+    seen_split += any(u.op is UOps.RANGE and isinstance(u.arg[0], tuple) for u in prg.uops)
+    a, b = rng.standard_normal((M, K), np.float32), rng.standard_normal((K, N), np.float32)
+    out, ba, bb = Buffer("CPU", M * N, dtypes.float), Buffer("CPU", M * K, dtypes.float).copyin(a.ravel()), \
+      Buffer("CPU", K * N, dtypes.float).copyin(b.ravel())
+    dev.compile(prg)(out, ba, bb, wait=True)
+    np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4,
+                               err_msg=f"{M}x{N}x{K} {k.applied_opts} {dev.renderer.caps.vector_width}")
+  assert seen_split, "no shape took the split tile loop"
