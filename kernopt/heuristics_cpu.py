@@ -24,9 +24,8 @@ RULES: dict[str, str] = {
   "cpu.tile_columns": "a reduce with a vector axis: UPCAST it by two vectors (with a row axis) or one",
   "cpu.tile_rows": "UPCAST the row axis (broadcasting a streamed input) so the tile holds tile_accumulators(width) "
                    "vector accumulators (8; 16 at width 16), in at most 8 rows",
-  "cpu.six_rows": "a tile of two vectors on 16 vector registers (width 4 or 8): PADTO the row axis to a multiple of "
-                  "6 (at most 1/16 more rows, nothing else padded), then UPCAST it by 6 before the columns (12 "
-                  "accumulators, each broadcast row dying after its two FMAs)",
+  "cpu.six_rows": "a tile of two vectors on 16 vector registers (width 4 or 8) whose row axis 6 divides: UPCAST the "
+                  "rows by 6 before the columns (12 accumulators, each broadcast row dying after its two FMAs)",
   "cpu.conv_tile": "a convolution (a reduce axis of 3 or less, its window): UPCAST the row axis by 8 (else 4, 2) "
                    "first, then the vector axis by one vector; the vector axis may be strided in the image (stride 2)",
   "cpu.half_width": "a convolution at width 16 with no output axis of a multiple of 16: its tile uses vectors of 8 "
@@ -148,23 +147,18 @@ def _reduce_tile(k: Kernel, vaxis: int, width: int) -> bool:
   return True
 
 def _six_rows(k: Kernel, rows: int) -> bool:
-  """cpu.six_rows: UPCAST the row axis by 6, PADTO'd to a multiple of 6 first when that adds at most a sixteenth of
-  its rows and nothing else is padded (the borders pass then splits the tile loop at the padded last tile, and
-  reduce blocking and panel packing take the rest; with padded columns too, 1000x1000x999 measured 42.6 -> 34.5
-  GF/s). The lane order follows the Opts, so the rows come first: the vectorize pass then emits each row's broadcast
-  and its two FMAs together, and gcc 12 keeps the 12 accumulators, the two streamed vectors and one broadcast in 15
-  of the 16 registers (columns first, it loads the six broadcasts at once and spills three accumulators). 1 thread,
-  Zen 3, the standard protocol against these Opts in one run: 768^3 59.6 -> 68.9 GF/s, 1536x512x512 60.9 -> 68.0,
-  384x3072x768 58.7 -> 67.9; padded: 1024^3 50.0 -> 54.6, 512^3 61.6 -> 69.2, 256^3 59.9 -> 67.3, 128^3 58.4 -> 62.7,
-  64x784x256 72.5 -> 72.2; at width 4 (SSE lanes) 768^3 31.1 -> 33.3."""
+  """cpu.six_rows: UPCAST the row axis by 6 when 6 divides it. The lane order follows the Opts, so the rows come
+  first: the vectorize pass then emits each row's broadcast and its two FMAs together, and gcc 12 keeps the 12
+  accumulators, the two streamed vectors and one broadcast in 15 of the 16 registers (columns first, it loads the six
+  broadcasts at once and spills three accumulators). 1 thread, Zen 3, the standard protocol against these Opts in one
+  run: 768^3 59.6 -> 68.9 GF/s, 1536x512x512 60.9 -> 68.0, 384x3072x768 58.7 -> 67.9; at width 4 (SSE lanes)
+  768^3 31.1 -> 33.3. Rows 6 does not divide are not padded to it: the kernels would be 1.05-1.13x faster (1024^3,
+  512^3, 256^3, 64x784x256; the borders pass splits the tile loop at the padded tile), but a padded row's gated
+  stores keep the lowerer's vector plan off, and scalar lanes cost 4-5x the codegen time (512^3: 5 -> 27 ms)."""
   size = k.full_shape[rows]
-  if not _int(size): return False
-  if size % 6:
-    if (6 - size % 6) * 16 > size or any(o.op is OptOps.PADTO for o in k.applied_opts) or \
-       not try_apply(k, "cpu.six_rows", Opt(OptOps.PADTO, rows, 6), "the rows padded to a multiple of 6", axis=rows,
-                     size=size, buffer_strides=buffer_strides(k, rows)): return False
+  if not _int(size) or size % 6: return False
   return try_apply(k, "cpu.six_rows", Opt(OptOps.UPCAST, rows, 6), "6 rows, before the columns: 12 accumulators",
-                   axis=rows, size=k.full_shape[rows], buffer_strides=buffer_strides(k, rows))
+                   axis=rows, size=size, buffer_strides=buffer_strides(k, rows))
 
 def _conv_tile(k: Kernel, vaxis: int, width: int, slide: bool = False) -> bool:
   """8 rows (output channels, where the image is broadcast) x 1 vector of output columns, rows upcast first. The

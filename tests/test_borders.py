@@ -243,16 +243,19 @@ def test_interior_copies_keep_each_reduces_own_loops():
 # ***** a PADTO'd output axis: the edge tile's gated loads and stores *****
 
 def _padded_matmul(w: int, split: bool, a: np.ndarray, b: np.ndarray, steps: Optional[int] = None,
-                   uops: Optional[list] = None) -> tuple[np.ndarray, int, list]:
-  """a @ b by the standard protocol on the native profile at width w (reduce blocks of `steps` when given), versioned
-  when split: (out, IFs in the program, the Opts); the program's UOps appended to `uops` when given."""
+                   uops: Optional[list] = None, opts: Optional[list] = None) -> tuple[np.ndarray, int, list]:
+  """a @ b by the standard protocol (or `opts`) on the native profile at width w (reduce blocks of `steps` when
+  given), versioned when split: (out, IFs in the program, the Opts); the program's UOps appended to `uops` when
+  given."""
   from catalogue import _matmul_ast
   (m, kk), n = a.shape, b.shape[1]
   dev = Device.open("CPU", threads=1, vector_width=w)
   dev.renderer.caps = replace(dev.renderer.caps, split_borders=split)
   if steps is not None: dev.renderer.caps = replace(dev.renderer.caps, reduce_block=steps)
   k = Kernel(_matmul_ast(m, n, kk), opts=dev.renderer).required_optimizations()
-  k.hand_coded_optimizations()
+  if opts is None: k.hand_coded_optimizations()
+  else:
+    for o in opts: k.apply_opt(o)
   prg = k.to_program()
   out, ba, bb = Buffer(dev, m * n, dtypes.float), Buffer(dev, a.size, dtypes.float), Buffer(dev, b.size, dtypes.float)
   ba.copyin(a.reshape(-1))
@@ -301,15 +304,16 @@ def test_a_padded_column_axis_versions_the_tile_loop_whole_and_its_copy_is_block
 @needs_cc
 @pytest.mark.parametrize("w", (4, 8))
 def test_a_padded_row_axis_splits_the_tile_loop_and_its_copy_is_blocked(w):
-  """The PADTO'd row axis (cpu.six_rows: 100 rows to 102, 17 tiles of 6) is the interchanged tile loop itself, so the
-  box narrows it to its first 16 tiles: the loop is split there, a loop over those 16 runs the interior copy, a plain
+  """A PADTO'd row axis (100 rows to 102, 17 tiles of 6) is the interchanged tile loop itself, so the box narrows it
+  to its first 16 tiles: the loop is split there, a loop over those 16 runs the interior copy, a plain
   tile nest that reduce blocking and panel packing take (K = 96 in 4 blocks of 24), and the tile loop after it runs
   the gated region for the last tile only (an IF). Bit for bit the unversioned kernel, and numpy."""
   rng = np.random.default_rng(w)
   a, b = rng.standard_normal((100, 96)).astype(np.float32), rng.standard_normal((96, 64)).astype(np.float32)
   uops: list = []
-  (plain, _, opts0), (versioned, _, opts) = _padded_matmul(w, False, a, b, 24), _padded_matmul(w, True, a, b, 24, uops)
-  assert opts[:2] == ["PADTO", "UPCAST"] and opts == opts0
+  tile = [Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6), Opt(OptOps.UPCAST, 1, 2 * w)]
+  (plain, _, _), (versioned, _, _) = _padded_matmul(w, False, a, b, 24, opts=tile), \
+    _padded_matmul(w, True, a, b, 24, uops, opts=tile)
   copies = [u for u in uops if u.op is UOps.RANGE and isinstance(u.arg[0], tuple) and not u.arg[1]]
   assert len(copies) == 1 and copies[0].src[1].arg - copies[0].src[0].arg == 16   # the box's tiles
   blocks = [u for u in uops if u.op is UOps.RANGE and isinstance(loop_mark(u), ReduceBlock)]
