@@ -231,6 +231,39 @@ def _fold(u: UOp) -> UOp:
     return UOp(_STORE, u.dtype, u.src[:3])
   return u
 
+def _box_cond(box: Sequence[tuple[UOp, int, int]]) -> Optional[UOp]:
+  """lo <= r <= hi for every (r, lo, hi) of box, as one AND of comparisons (None for an empty box)."""
+  cond: Optional[UOp] = None
+  for r, lo, hi in box:
+    idt = r.dtype or dtypes.int32
+    for lhs, rhs in ((UOp.const(idt, lo - 1), r), (r, UOp.const(idt, hi + 1))):
+      c = UOp(_ALU, dtypes.bool, (lhs, rhs), _CMPLT)
+      cond = c if cond is None else UOp(_ALU, dtypes.bool, (cond, c), _AND)
+  return cond
+
+def _reads(body: list[UOp], memo: dict[UOp, UOp], emitted: set[UOp], stop: Optional[UOp] = None) -> set[UOp]:
+  """What the copies of body's UOps read that is not emitted yet, through their sources (up to `stop`)."""
+  need = {x for u in body if u.op is not _ENDRANGE and (x := memo[u]) not in emitted}
+  stack = list(need)
+  while stack:
+    for x in stack.pop().src:
+      if x not in need and x not in emitted and x is not stop:
+        need.add(x)
+        stack.append(x)
+  return need
+
+def _emit_copy(body: list[UOp], fast: Callable[[UOp], UOp], emit: Callable[[UOp], None], emitted: set[UOp],
+               out: list[UOp]) -> None:
+  """The interior copy of body into out: every IF of the region folds to True in it; an accumulator precedes its
+  loops (placed as it is, its sources later); the rest with their sources first."""
+  for u in body:
+    if u.op is _IF or u.op is _ENDIF: continue
+    if u.op in (_ACC, _RANGE, _ENDRANGE):
+      x = fast(u) if u.op is not _ENDRANGE else UOp(_ENDRANGE, None, (fast(u.src[0]),))
+      emitted.add(x)
+      out.append(x)
+    else: emit(fast(u))
+
 def _splits_loop(uops: list[UOp], plan: Interior) -> Optional[int]:
   """The position of plan's tile loop when the list is a loop-interchanged tile kernel (a matmul's: reduce blocking
   and panel packing take its tile nests only) whose box narrows that loop (and maybe enclosing ones) to their first
@@ -308,12 +341,7 @@ def split_borders(uops: list[UOp], plan: Optional[Interior] = None, split: bool 
     outer = set(uops[:li])
     if any(x not in outer and x not in keep for u in shared for x in u.src): return split_borders(uops, plan, False)
     return _split_loop(uops, plan, li, memo, fast, shared, body, here, visible)
-  cond: Optional[UOp] = None
-  for r, lo, hi in plan.box:
-    idt = r.dtype or dtypes.int32
-    for lhs, rhs in ((UOp.const(idt, lo - 1), r), (r, UOp.const(idt, hi + 1))):
-      c = UOp(_ALU, b, (lhs, rhs), _CMPLT)
-      cond = c if cond is None else UOp(_ALU, b, (cond, c), _AND)
+  cond = _box_cond(plan.box)
   assert cond is not None
   inside = UOp(UOps.IF, None, (cond,))
   outside = UOp(UOps.IF, None, (UOp(_ALU, b, (cond, true), BinaryOps.CMPNE),))
@@ -328,22 +356,10 @@ def split_borders(uops: list[UOp], plan: Optional[Interior] = None, split: bool 
   emit(inside)
   before = set(out)      # a comparison of the box may also be a gate atom of the region: it is computed once, here
   # what the copy reads from outside the region, rebuilt over the CASTs: at the top of the IF, before any loop opens
-  need = {x for u in body if u.op is not _ENDRANGE and (x := memo[u]) not in emitted}
-  stack = list(need)
-  while stack:
-    for x in stack.pop().src:
-      if x not in need and x not in emitted:
-        need.add(x)
-        stack.append(x)
+  need = _reads(body, memo, emitted)
   for u in here + tuple(visible):
     if (x := fast(u)) in need: emit(x)
-  for u in body:
-    if u.op is _IF or u.op is _ENDIF: continue   # every IF condition of the region folds to True in the copy
-    if u.op in (_ACC, _RANGE, _ENDRANGE):   # an accumulator precedes its loops: placed as it is, its sources later
-      x = fast(u) if u.op is not _ENDRANGE else UOp(_ENDRANGE, None, (fast(u.src[0]),))
-      emitted.add(x)
-      out.append(x)
-    else: emit(fast(u))
+  _emit_copy(body, fast, emit, emitted, out)
   out.append(UOp(_ENDIF, None, (inside,)))
   emit(outside)
   return out + [u for u in body if u not in before] + [UOp(_ENDIF, None, (outside,))] + uops[plan.end:]
@@ -362,16 +378,7 @@ def _split_loop(uops: list[UOp], plan: Interior, li: int, memo: dict[UOp, UOp], 
     for s in x.src: emit(s)
     emitted.add(x)
     out.append(x)
-  b, true = dtypes.bool, UOp.const(dtypes.bool, True)
-  def box_cond(box: list[tuple[UOp, int, int]]) -> Optional[UOp]:
-    cond: Optional[UOp] = None
-    for r, lo, hi in box:
-      idt = r.dtype or dtypes.int32
-      for lhs, rhs in ((UOp.const(idt, lo - 1), r), (r, UOp.const(idt, hi + 1))):
-        c = UOp(_ALU, b, (lhs, rhs), _CMPLT)
-        cond = c if cond is None else UOp(_ALU, b, (cond, c), _AND)
-    return cond
-  enclosing = box_cond([e for e in plan.box if e[0] is not plan.loop])
+  enclosing = _box_cond([e for e in plan.box if e[0] is not plan.loop])
   if enclosing is not None:
     emit(enclosing)
     out.append(gate := UOp(UOps.IF, None, (enclosing,)))
@@ -379,32 +386,20 @@ def _split_loop(uops: list[UOp], plan: Interior, li: int, memo: dict[UOp, UOp], 
   # what the copy reads from outside the region: what the loop over the box does not change before it (the enclosing
   # loops' CASTs: the passes after this one copy index math only, up to what precedes the tile loop), the rest at the
   # top of the loop, before any reduce loop opens
-  need = {x for u in body if u.op is not _ENDRANGE and (x := memo[u]) not in emitted}
-  stack = list(need)
-  while stack:
-    for x in stack.pop().src:
-      if x not in need and x not in emitted and x is not copy_loop:
-        need.add(x)
-        stack.append(x)
+  need = _reads(body, memo, emitted, stop=copy_loop)
   reads = [x for u in here + tuple(visible) + tuple(uops[li + 1:plan.start]) if (x := fast(u)) in need]
   for x in reads:
     if copy_loop not in x.parents: emit(x)
   out.append(copy_loop)
   emitted.add(copy_loop)
   for x in reads: emit(x)
-  for u in body:
-    if u.op is _IF or u.op is _ENDIF: continue   # every IF condition of the region folds to True in the copy
-    if u.op in (_ACC, _RANGE, _ENDRANGE):   # an accumulator precedes its loops: placed as it is, its sources later
-      x = fast(u) if u.op is not _ENDRANGE else UOp(_ENDRANGE, None, (fast(u.src[0]),))
-      emitted.add(x)
-      out.append(x)
-    else: emit(fast(u))
+  _emit_copy(body, fast, emit, emitted, out)
   out.append(UOp(_ENDRANGE, None, (copy_loop,)))
   if enclosing is not None: out.append(UOp(_ENDIF, None, (gate,)))
   # the tile loop, its region only outside the box
-  whole = box_cond(list(plan.box))
+  whole = _box_cond(plan.box)
   assert whole is not None
-  outside_box = UOp(_ALU, b, (whole, true), BinaryOps.CMPNE)
+  outside_box = UOp(_ALU, dtypes.bool, (whole, UOp.const(dtypes.bool, True)), BinaryOps.CMPNE)
   tail = uops[li:plan.start]
   emitted = set(uops[:li]) | set(shared) | set(tail) | ({enclosing} if enclosing is not None else set())
   out += tail
