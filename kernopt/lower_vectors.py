@@ -13,13 +13,14 @@ uniform or scalar lanes) and keeps scalar lanes wherever packing is not certain 
 linearizer orders by a depth-first walk from the SINK, which on scalar lanes meets the lanes one output lane after
 another, and the pass puts a packed op at its last lane: `order_hints` computes that order and `vector_sink` lists
 its `anchors` in the SINK, so that the walk meets every UOp there.
-Imports dtype, lower_index, ops, shape/ and uops."""
+Imports dtype, lower_index, ops, shape/, uopgraph and uops."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.lower_index import value_dtype
 from kernopt.ops import BinaryOps, BufferOps, LazyOp, MetaOps, ReduceOps, TernaryOps, UnaryOps
 from kernopt.shape.symbolic import Node, NumNode, Variable
+from kernopt.uopgraph import graph_rewrite, simplifier
 from kernopt.uops import UOp, UOps
 
 _F32 = dtypes.float32
@@ -85,7 +86,7 @@ def _plan_axis(lw: Any, ast: LazyOp, j: int, w: int) -> Optional[VectorPlan]:
   vector = {x for x, k in cls.items() if k == VEC or (x.op in ReduceOps and cls.get(x.src[0]) == VEC)}
   if not vector: return None
   groups = lw.lane_groups(j, w)
-  if not _keys_ok(lw, nodes, vector, groups, j, w) or not _stores_ok(lw, ast, cls, vector, w): return None
+  if not _keys_ok(lw, nodes, vector, groups, j, w) or not _stores_ok(lw, ast, cls, vector, w, groups): return None
   return VectorPlan(j, w, groups, vector)
 
 def _classify(lw: Any, nodes: list[LazyOp], j: int, vj: Variable,
@@ -109,8 +110,9 @@ def _classify(lw: Any, nodes: list[LazyOp], j: int, vj: Variable,
       else: k = SCALAR
     elif op is BufferOps.STORE:
       idx, valid = lw.node_expr(x)
-      if cls[x.src[0]] == VEC and not (x.arg.dtype == _F32 and isinstance(valid, NumNode) and
-                                       (lin := lw.linear_of(idx)) is not None and lin[1].get(j) == 1):
+      # a guarded store's guard must hold for every lane of a group or none (a PADTO'd row's): one guarded vector store
+      if cls[x.src[0]] == VEC and not (x.arg.dtype == _F32 and (isinstance(valid, NumNode) or vj not in valid.vars())
+                                       and (lin := lw.linear_of(idx)) is not None and lin[1].get(j) == 1):
         need.add(x.src[0])
       continue
     elif op in ReduceOps:
@@ -141,13 +143,15 @@ def first_offsets(lanes: list[tuple[int, ...]], groups: list[list[int]], strides
   """The offset Σ stride_j·u_j of each group's first lane."""
   return [sum(st * lanes[g[0]][j] for j, st in strides.items()) for g in groups]
 
-def _stores_ok(lw: Any, ast: LazyOp, cls: dict[LazyOp, int], vector: set[LazyOp], w: int) -> bool:
+def _stores_ok(lw: Any, ast: LazyOp, cls: dict[LazyOp, int], vector: set[LazyOp], w: int,
+               groups: list[list[int]]) -> bool:
   """The vectorize pass also packs the lanes stored by W contiguous float32 stores, from the stores down through
   their values (along the stores' axis, gathering what isn't contiguous there): such a store of scalar lanes must
   not read a node lowered as vectors (along the vector axis), or the two packings would differ."""
   for st in ast.src:
     # a store the simplifier may drop (a guard it folds to false) must not read vectors: they are listed in the SINK
-    if not isinstance(lw.node_expr(st)[1], NumNode) and any(x in vector for x in st.src[0].lazyops): return False
+    if not isinstance(valid := lw.node_expr(st)[1], NumNode) and any(x in vector for x in st.src[0].lazyops) and \
+       (cls[st.src[0]] != VEC or _guard_may_close(lw, valid, groups)): return False
     if cls[st.src[0]] == VEC or st.arg.dtype != _F32: continue
     lin = lw.linear_of(lw.node_expr(st)[0])
     if lin is not None:
@@ -155,6 +159,15 @@ def _stores_ok(lw: Any, ast: LazyOp, cls: dict[LazyOp, int], vector: set[LazyOp]
       if not any(offs[i + w - 1] - offs[i] == w - 1 for i in range(len(offs) - w + 1)): continue
     if any(x in vector for x in st.src[0].lazyops): return False
   return True
+
+def _guard_may_close(lw: Any, valid: Node, groups: list[list[int]]) -> bool:
+  """Whether the simplifier folds some group's store guard (its first lane's) to false."""
+  gates = lw.per_lane(valid, True)
+  for g in groups:
+    u = gates[g[0]]
+    if u.op is not _CONST: u = graph_rewrite(u, simplifier)
+    if u.op is _CONST and not u.arg: return True
+  return False
 
 def _keys_ok(lw: Any, nodes: list[LazyOp], vector: set[LazyOp], groups: list[list[int]], j: int, w: int) -> bool:
   """The vectorize pass packs float32 loads of one buffer and index base by runs of W consecutive offsets: every key a
@@ -332,12 +345,14 @@ def anchors(order: list[UOp]) -> list[UOp]:
 
 def may_fold(u: UOp, memo: dict[UOp, bool]) -> bool:
   """Whether the simplifier may turn u into a constant: all its sources may (constant folding), or a WHERE's
-  condition may (it picks a branch), or a load's guard may (it reads its alternative). A broadcast of a scalar that
-  may fold is not built: the vectorize pass would broadcast the folded constant as a vector constant."""
+  condition may (it picks a branch), or a load's guard folds to false (it reads its alternative; one that folds to
+  true leaves a plain load: a PADTO'd row's A element). A broadcast of a scalar that may fold is not built: the
+  vectorize pass would broadcast the folded constant as a vector constant."""
   if (ret := memo.get(u)) is not None: return ret
   op = u.op
   if op is _CONST: ret = True
-  elif op is _LOAD: ret = len(u.src) == 4
+  elif op is _LOAD:
+    ret = len(u.src) == 4 and (g := graph_rewrite(u.src[2], simplifier)).op is _CONST and not g.arg
   elif op is _ALU or op is UOps.CAST or op is UOps.BITCAST:
     ret = all(may_fold(s, memo) for s in u.src) or (u.arg is TernaryOps.WHERE and may_fold(u.src[0], memo))
   else: ret = False
@@ -361,6 +376,8 @@ class VectorLowering:
     offset_index: Callable[[Node, UOp, int], UOp]
     _buf: Callable[[Any], UOp]
     _scalar_load: Callable[[LazyOp], list[UOp]]
+    per_lane: Callable[..., list[UOp]]
+    const: Callable[[int], UOp]
 
   def _vector_index(self, x: LazyOp) -> list[UOp]:
     """The index of each group's first lane of buffer access x (unit stride along the vector axis)."""
@@ -387,8 +404,21 @@ class VectorLowering:
     return Vecs([UOp(_LOAD, vdt, (buf, i)) for i in self._vector_index(x)])
 
   def _vector_store(self, x: LazyOp, vals: Vecs) -> list[UOp]:
+    """Each group's vector STORE; a guarded one (the guard the same for every lane of a group: a PADTO'd row) as the
+    scalar lanes' are: STORE(buf, WHERE(guard, index, 0), value, guard)."""
+    vp = self.vp
+    assert vp is not None
     buf = self._buf(x.arg)
-    return [UOp(_STORE, None, (buf, i, v)) for i, v in zip(self._vector_index(x), vals.vecs)]
+    idxs = self._vector_index(x)
+    if isinstance(valid := self.node_expr(x)[1], NumNode):
+      return [UOp(_STORE, None, (buf, i, v)) for i, v in zip(idxs, vals.vecs)]
+    gates = self.per_lane(valid, True)
+    out = []
+    for g, i, v in zip(vp.groups, idxs, vals.vecs):
+      if (gate := gates[g[0]]).op is _CONST:
+        if gate.arg: out.append(UOp(_STORE, None, (buf, i, v)))
+      else: out.append(UOp(_STORE, None, (buf, UOp(_ALU, i.dtype, (gate, i, self.const(0)), TernaryOps.WHERE), v, gate)))
+    return out
 
   def _vector_alu(self, x: LazyOp, dt: DType, src: list[Lanes]) -> Vecs:
     """ALU op x of vector sources and sources uniform over each group (broadcast; a constant as a vector

@@ -580,3 +580,30 @@ def test_a_reduce_shared_under_different_enclosing_reduces_gets_its_own_loops_in
     bufs[2].copyin(x.reshape(-1))
     dev.compile(prg)(*[bufs[a.idx] for a in prg.args], wait=True)
     np.testing.assert_allclose([bufs[0].numpy()[0], bufs[1].numpy()[0]], want(x.astype(np.float64)), rtol=1e-5)
+
+# ***** vector stores under a guard shared by their lanes *****
+
+@pytest.mark.parametrize("w", [4, 8])
+def test_a_padded_row_tile_lowers_as_vectors_with_guarded_vector_stores(w):
+  """A matmul tile of 6 rows (PADTO'd: 100 rows to 102) x 2 vectors: the rows' guard is the same for every lane of a
+  vector, so the lowerer's vector plan keeps the tile as vectors (12 vector accumulators, not 96 scalar lanes) and
+  each vector is stored under its row's guard; the kernel equals numpy's matmul."""
+  from catalogue import _matmul_ast
+  from kernopt.kernel import Kernel, Opt, OptOps
+  from kernopt.runtime import Buffer, Device, cpu
+  if not cpu.CPUDevice.availability()[0]: pytest.skip("no C compiler")
+  dev = Device.open("CPU", threads=1, vector_width=w)
+  k = Kernel(_matmul_ast(100, 4 * w, 24), opts=dev.renderer).required_optimizations()
+  for o in (Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6), Opt(OptOps.UPCAST, 1, 2 * w)): k.apply_opt(o)
+  lowered = k.linearize().lowered_uops
+  accs = [u for u in lowered if u.op is UOps.DEFINE_ACC]
+  assert len(accs) == 12 and all(u.dtype.count == w for u in accs)
+  stores = [u for u in lowered if u.op is UOps.STORE]
+  assert len(stores) == 12 and all(u.src[2].dtype.count == w for u in stores)
+  assert any(u.op is UOps.IF for u in lowered)   # the guarded vector stores of the rows past 100
+  rng = np.random.default_rng(w)
+  a, b = rng.standard_normal((100, 24), np.float32), rng.standard_normal((24, 4 * w), np.float32)
+  out, ba, bb = Buffer("CPU", 100 * 4 * w, dtypes.float), Buffer("CPU", a.size, dtypes.float).copyin(a.ravel()), \
+    Buffer("CPU", b.size, dtypes.float).copyin(b.ravel())
+  dev.compile(k.to_program())(out, ba, bb, wait=True)
+  np.testing.assert_allclose(out.numpy().reshape(100, 4 * w), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
