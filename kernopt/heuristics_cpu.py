@@ -153,8 +153,8 @@ def _six_rows(k: Kernel, rows: int) -> bool:
   broadcasts at once and spills three accumulators). 1 thread, Zen 3, the standard protocol against these Opts in one
   run: 768^3 59.6 -> 68.9 GF/s, 1536x512x512 60.9 -> 68.0, 384x3072x768 58.7 -> 67.9; at width 4 (SSE lanes)
   768^3 31.1 -> 33.3. Rows 6 does not divide are not padded to it: the kernels would be 1.05-1.13x faster (1024^3,
-  512^3, 256^3, 64x784x256; the borders pass splits the tile loop at the padded tile), but a padded row's gated
-  stores keep the lowerer's vector plan off, and scalar lanes cost 4-5x the codegen time (512^3: 5 -> 27 ms)."""
+  512^3, 256^3, 64x784x256; the borders pass splits the tile loop at the padded tile), but the padded tile's two
+  versions cost 2.4x the codegen time (512^3: 3.4 -> 8.4 ms), against issue 16's budget."""
   size = k.full_shape[rows]
   if not _int(size) or size % 6: return False
   return try_apply(k, "cpu.six_rows", Opt(OptOps.UPCAST, rows, 6), "6 rows, before the columns: 12 accumulators",

@@ -417,7 +417,9 @@ class VectorLowering:
     for g, i, v in zip(vp.groups, idxs, vals.vecs):
       if (gate := gates[g[0]]).op is _CONST:
         if gate.arg: out.append(UOp(_STORE, None, (buf, i, v)))
-      else: out.append(UOp(_STORE, None, (buf, UOp(_ALU, i.dtype, (gate, i, self.const(0)), TernaryOps.WHERE), v, gate)))
+      else:
+        guarded = UOp(_ALU, i.dtype, (gate, i, self.const(0)), TernaryOps.WHERE)
+        out.append(UOp(_STORE, None, (buf, guarded, v, gate)))
     return out
 
   def _vector_alu(self, x: LazyOp, dt: DType, src: list[Lanes]) -> Vecs:
