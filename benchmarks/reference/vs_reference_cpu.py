@@ -4,7 +4,7 @@ ASTs (standard protocol), numpy at 1 and 2 BLAS threads (conv as im2col: sliding
 (Cin*9, Ho*Wo), one np.matmul), and two yardsticks measured in the same run: a peak-FMA loop (C, gcc -O3
 -march=native, independent FMAs on vector registers) on 1 and 2 cores, and a 64 MiB np.copyto. Every round measures
 every row once, row by row (the reference, kernopt, numpy back to back, each warmed up once, in an order that rotates
-every round); ratios are taken within a round; the table
+every round; kernopt's and numpy's 1-thread launches alternate one by one); ratios are taken within a round; the table
 shows medians over rounds. Every kernopt result is checked against numpy and the reference's output first.
 OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are dropped for this command (the script re-executes itself without them).
   python benchmarks/reference/vs_reference_cpu.py [--rounds 3] [--repeats 5] [--rows a,b] [--device OPENCL]
@@ -159,6 +159,16 @@ def numpy_baseline(row: Row, ins: list[np.ndarray]) -> tuple[dict, object]:
     return {"layernorm": layernorm}, lambda: out
   raise KeyError(f"no numpy baseline for row {row.name}")
 
+def _seconds(fn: object) -> float:
+  st = time.perf_counter()
+  fn()  # type: ignore[operator]
+  return time.perf_counter() - st
+
+def _kernopt_times(e: dict, col: str, per: list[list[float]], kernels: int) -> None:
+  """A kernopt column's medians over launches: the row's total, and each kernel's (key col + "_k")."""
+  e[col] = statistics.median(sum(x) for x in per)
+  e[col + "_k"] = [statistics.median(x[k] for x in per) for k in range(kernels)]
+
 def median_time(fn: object, repeats: int) -> float:
   ts = []
   for _ in range(repeats):
@@ -237,27 +247,39 @@ def main() -> None:
       rr = refrows[n]
       e = m[n] = {}
       # each column warmed up once, then timed; the order rotates every round, so that no column always runs right
-      # after the reference's process or numpy's BLAS threads
-      cols = ["ref", *progs[n], "np"]
+      # after the reference's process or numpy's BLAS threads. ko1 and np1 (one BLAS thread: no workers left
+      # spinning) alternate launch by launch, so that the host's fast and slow spells fall on both alike; the
+      # 2-thread columns stay blocks apart, SETTLE_S after numpy's workers
+      steps, _ = base[n]
+      cols = ["ref", "ko1+np1", *[c for c in progs[n] if c != "ko1"], "np2"]
       for col in cols[r % len(cols):] + cols[:r % len(cols)]:
         time.sleep(SETTLE_S)
         if col == "ref":
           ref = reference_times([n], a.repeats)
           m["compiler"] = ref["compiler"]
           e["ref"], e["ref_k"] = ref["rows"][n]["seconds"], ref["rows"][n]["kernel_seconds"]
-        elif col == "np":
-          steps, _ = base[n]
-          for t in (1, 2):
-            with threadpool_limits(limits=t, user_api="blas"):
-              for fn in steps.values(): fn()   # wakes the BLAS threads up at this count
-              st = {s: median_time(fn, a.repeats) for s, fn in steps.items()}
-            e[f"np{t}"], e[f"np{t}_steps"] = sum(st.values()), st
+        elif col == "ko1+np1":
+          p = progs[n]["ko1"]
+          with threadpool_limits(limits=1, user_api="blas"):
+            p.run()
+            for fn in steps.values(): fn()
+            per, np_per = [], []
+            for i in range(a.repeats):
+              for which in ((0, 1) if i % 2 == 0 else (1, 0)):
+                if which == 0: per.append(p.run())
+                else: np_per.append({s: _seconds(fn) for s, fn in steps.items()})
+          _kernopt_times(e, "ko1", per, len(rr.kernels))
+          st = {s: statistics.median(x[s] for x in np_per) for s in steps}
+          e["np1"], e["np1_steps"] = sum(st.values()), st
+        elif col == "np2":
+          with threadpool_limits(limits=2, user_api="blas"):
+            for fn in steps.values(): fn()   # wakes the BLAS threads up at this count
+            st = {s: median_time(fn, a.repeats) for s, fn in steps.items()}
+          e["np2"], e["np2_steps"] = sum(st.values()), st
         else:
           p = progs[n][col]
           p.run()
-          per = [p.run() for _ in range(a.repeats)]
-          e[col] = statistics.median(sum(x) for x in per)
-          e[col + "_k"] = [statistics.median(x[k] for x in per) for k in range(len(rr.kernels))]
+          _kernopt_times(e, col, [p.run() for _ in range(a.repeats)], len(rr.kernels))
     rounds.append(m)
     print(f"round {r + 1}/{a.rounds} done, {time.strftime('%H:%M:%S', time.gmtime())} UTC, load average "
           f"{os.getloadavg()[0]:.1f}: FMA peak "
