@@ -76,3 +76,8 @@ def test_the_design_docs_module_map_lists_every_module() -> None:
   listed = set(re.findall(r"^\| `(kernopt/[^`]+\.py)` \|", table, re.M))
   files = {str(p.relative_to(ROOT.parent)) for p in MODULES}
   assert listed == files, f"missing from docs/design.md: {sorted(files - listed)}; gone: {sorted(listed - files)}"
+
+def test_no_module_is_past_600_lines() -> None:
+  """Issue 16's size bound: a module past ~600 lines holds more than one thing; split it where its parts meet."""
+  long = {str(p.relative_to(ROOT.parent)): n for p in MODULES if (n := len(p.read_text().splitlines())) > 600}
+  assert not long, f"modules past 600 lines: {long}"

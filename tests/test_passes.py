@@ -317,7 +317,7 @@ def test_masked_load_mask_sets_exactly_the_open_lanes_bits(shape):
   that share a conjunct (a window row: the row check on every lane, column checks on the first and last) become
   WHERE(shared check, the bits of the rest, 0)."""
   from itertools import product
-  from kernopt.passes.vectorize import masked_load_mask
+  from kernopt.passes.load_masks import masked_load_mask
   from kernopt.uops import UOp
   b, i32 = dtypes.bool, dtypes.int32
   leaves = [UOp(UOps.DEFINE_VAR, b, (), f"g{n}") for n in range(5)]

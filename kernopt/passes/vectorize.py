@@ -6,12 +6,13 @@ scalar lanes nothing reads any more are dropped. A VECTORIZE gathering a packed 
 kernopt.lower_vectors, leaves guarded lanes for this pass: the masked load's mask is spelled after the simplifier) is
 that load's vector. Accumulators of a reduce unrolled along a vector load's run (dot lanes: lane t adds
 a[k+t] * b[...]) become one vector accumulator, their other operand gathered. Works on a linearized UOp list and
-returns one. Imports dtype, ops and uops."""
+returns one. Imports dtype, ops, passes.load_masks and uops."""
 from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
+from kernopt.passes.load_masks import maskable, masked_load_mask
 from kernopt.uops import UOp, UOps
 
 # enum members as module constants (attribute lookups on the enum classes cost ~0.1 us each in hot loops)
@@ -19,7 +20,7 @@ _ALU, _BITCAST, _CAST, _CONST = UOps.ALU, UOps.BITCAST, UOps.CAST, UOps.CONST
 _DEFINE_ACC, _DEFINE_GLOBAL = UOps.DEFINE_ACC, UOps.DEFINE_GLOBAL
 _ENDIF, _ENDRANGE, _GEP, _IF, _LOAD, _PHI = UOps.ENDIF, UOps.ENDRANGE, UOps.GEP, UOps.IF, UOps.LOAD, UOps.PHI
 _RANGE, _STORE, _VECTORIZE = UOps.RANGE, UOps.STORE, UOps.VECTORIZE
-_ADD, _AND, _MULACC, _WHERE = BinaryOps.ADD, BinaryOps.AND, TernaryOps.MULACC, TernaryOps.WHERE
+_ADD, _MULACC, _WHERE = BinaryOps.ADD, TernaryOps.MULACC, TernaryOps.WHERE
 # IDIV on float32 is IEEE division, lane by lane as the scalar op
 VECTOR_ALU = frozenset((BinaryOps.ADD, BinaryOps.MUL, BinaryOps.MAX, TernaryOps.MULACC, UnaryOps.EXP2, BinaryOps.IDIV,
                         UnaryOps.NEG))
@@ -54,60 +55,6 @@ def _index_of(ld: UOp) -> UOp:
   idx = ld.src[1]
   return idx.src[1] if idx.op is _ALU and idx.arg is _WHERE else idx
 
-def _maskable(ld: UOp) -> bool:
-  """An ungated load, or a gated one whose index is guarded by its own gate and whose value is +0.0 when closed."""
-  if len(ld.src) == 2: return not (ld.src[1].op is _ALU and ld.src[1].arg is _WHERE)
-  alt, idx = ld.src[3], ld.src[1]
-  return alt.op is _CONST and alt.arg == 0 and str(alt.arg)[0] != "-" and idx.op is _ALU and idx.arg is _WHERE and \
-    idx.src[0] is ld.src[2]
-
-def _conjuncts(g: UOp) -> list[UOp]:
-  """g and, through bool ANDs, every conjunct of it (each an AND's operand), g first, in a fixed order."""
-  out, todo, seen = [], [g], set()
-  while todo:
-    u = todo.pop()
-    if u in seen: continue
-    seen.add(u)
-    out.append(u)
-    if u.op is _ALU and u.arg is _AND and u.dtype == dtypes.bool: todo.extend(reversed(u.src))
-  return out
-
-def _lane_bits(fixed: int, per_gate: dict[UOp, int]) -> UOp:
-  """fixed plus, per distinct gate, CAST(gate) * its lanes' bits."""
-  i32 = dtypes.int32
-  ret: Optional[UOp] = UOp(_CONST, i32, (), fixed) if fixed else None
-  for gate, bits in per_gate.items():
-    term = UOp(_ALU, i32, (UOp(_CAST, i32, (gate,)), UOp(_CONST, i32, (), bits)), BinaryOps.MUL)
-    ret = term if ret is None else UOp(_ALU, i32, (ret, term), _ADD)
-  assert ret is not None
-  return ret
-
-def masked_load_mask(members: tuple[UOp, ...]) -> UOp:
-  """int32 lane mask of a masked vector load: the ungated lanes' bits plus, per distinct gate, CAST(gate) * its
-  lanes' bits. When every lane is gated and the gates share a conjunct c (a padded window's row check, shared by the
-  lanes of one image row, whose first and last lanes add a column check), the mask is WHERE(c, the bits of the gates
-  with c taken off, 0): the bits under c depend only on the column checks, which a C compiler hoists out of the
-  reduce loops, and the row check costs one select (the reference's conv 64x56, 1 thread, Zen 3: 1.04x)."""
-  fixed = 0
-  per_gate: dict[UOp, int] = {}
-  for lane, m in enumerate(members):
-    if len(m.src) == 2: fixed |= 1 << lane
-    else: per_gate[m.src[2]] = per_gate.get(m.src[2], 0) | 1 << lane
-  if fixed or len(per_gate) < 2: return _lane_bits(fixed, per_gate)
-  gates = list(per_gate)
-  others = [set(_conjuncts(g)) for g in gates[1:]]
-  shared = [c for c in _conjuncts(gates[0]) if all(c in o for o in others)]
-  if not shared: return _lane_bits(fixed, per_gate)
-  c = shared[0]   # the first in the first gate's order: an AND before its own conjuncts
-  under: dict[UOp, int] = {}
-  for g, bits in per_gate.items():
-    if g is c: fixed |= bits
-    else:
-      rest = g.src[1] if g.src[0] is c else g.src[0] if g.src[1] is c else g
-      under[rest] = under.get(rest, 0) | bits
-  i32 = dtypes.int32
-  return UOp(_ALU, i32, (c, _lane_bits(fixed, under), UOp(_CONST, i32, (), 0)), _WHERE)
-
 def _new_index_ops(x: UOp, old: dict[UOp, int], emitted: dict[UOp, tuple], scope: tuple) -> list[UOp]:
   """The ops of mask x that are neither in the original list (`old`) nor emitted yet in this scope, sources first."""
   ret: list[UOp] = []
@@ -135,7 +82,7 @@ def _vec(dt: DType, w: int) -> DType:
 
 def _consecutive_loads(lanes: tuple[UOp, ...], masked: bool) -> Optional[str]:
   """Loads of one plain global buffer at consecutive addresses, in lane order: "l" when none is gated (one vector
-  load), "ml" when some are and `masked` allows a masked vector load of them (_maskable), else None."""
+  load), "ml" when some are and `masked` allows a masked vector load of them (load_masks.maskable), else None."""
   l0 = lanes[0]
   if l0.op is not _LOAD or not _plain_global(l0.src[0]): return None
   base, off = base_offset(l0.src[1])
@@ -143,7 +90,7 @@ def _consecutive_loads(lanes: tuple[UOp, ...], masked: bool) -> Optional[str]:
   for i, ln in enumerate(lanes):
     if ln.op is not _LOAD or ln.src[0] is not l0.src[0] or base_offset(ln.src[1]) != (base, off + i): return None
     if len(ln.src) != 2 or ln.src[1].op is _ALU and ln.src[1].arg is _WHERE:
-      if not (masked and _maskable(ln)): return None
+      if not (masked and maskable(ln)): return None
       plain = False
   return "l" if plain else "ml"
 
@@ -230,7 +177,7 @@ class _Packer:
       by_key.setdefault((u.src[0], base, self.scope[u]), {})[off] = u
     for members in self.contiguous(by_key):
       plain = all(len(m.src) == 2 and not (m.src[1].op is _ALU and m.src[1].arg is _WHERE) for m in members)
-      self.add("load" if plain else "mload" if self.masked and all(_maskable(m) for m in members) else "gather",
+      self.add("load" if plain else "mload" if self.masked and all(maskable(m) for m in members) else "gather",
                members)
 
   def alu_key(self, u: UOp) -> Optional[tuple[Any, int]]:

@@ -405,7 +405,7 @@ def _mload_helper(decl: str, fast: str, loop: str, vt: str, n: int) -> str:
   miscompile table may switch off. The address is formed as an integer (it points before the buffer when the first
   lanes are padding; those lanes are never read). AVX takes no all-open branch: its join made gcc 12 spill two of a
   conv tile's eight accumulators in the border loop (the reference's conv 64x56, 1 thread, Zen 3: 1.07-1.16x, with
-  the mask's shared row check a select, passes.vectorize.masked_load_mask)."""
+  the mask's shared row check a select, passes.load_masks.masked_load_mask)."""
   call, isa = _MASKLOAD[n]
   addr = "  const void* p = (const void*)((uintptr_t)b + (intptr_t)i * (intptr_t)sizeof(float));"
   if n == 16:
