@@ -59,7 +59,9 @@ static void *loop(void *p) {
   for (int l = 0; l < LANES; l++) { a[l] = 0.999999f; b[l] = 1e-7f; }
   for (int i = 0; i < NACC; i++) acc[i] = a * (float)i;
   for (long it = 0; it < j->iters; it++)
-    for (int i = 0; i < NACC; i++) acc[i] = acc[i] * a + b;   /* NACC independent FMA chains */
+    /* NACC independent FMA chains, unrolled so that the accumulators live in registers: at 24 chains gcc 12 keeps
+       acc[] in memory otherwise, and the loop measures store forwarding (70 instead of 115 GFLOP/s on a Zen 4) */
+    _Pragma("GCC unroll 32") for (int i = 0; i < NACC; i++) acc[i] = acc[i] * a + b;
   float s = 0;
   for (int i = 0; i < NACC; i++) for (int l = 0; l < LANES; l++) s += acc[i][l];
   j->out = s;
