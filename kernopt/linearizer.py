@@ -1,9 +1,10 @@
 """Linearization: a rewritten SINK placed in execution order, each UOp in the innermost loop it depends on (loop
 invariants hoisted), accumulators before their loops, RANGE/ENDRANGE and IF/ENDIF bracketing their bodies.
-Imports uops and patterns."""
+Imports dtype, uops and patterns."""
 from __future__ import annotations
 import heapq
 from typing import Optional
+from kernopt.dtype import dtypes
 from kernopt.patterns import toposort
 from kernopt.uops import UOp, UOps
 
@@ -111,7 +112,7 @@ def order_uops(sink: UOp) -> list[UOp]:
       out.append(u)
       emit(u)
       out.append(UOp(ENDRANGE, None, (u,)))
-    elif op is STORE and len(u.src) == 4:
+    elif op is STORE and len(u.src) == 4 and u.src[3].dtype == dtypes.bool:   # (not a masked vector store's lane mask)
       cond = UOp(IF, None, (u.src[3],))
       end = UOp(ENDIF, None, (cond,))
       if out and out[-1] is end: out.insert(len(out) - 1, UOp(STORE, None, u.src[:3]))  # same guard: one IF

@@ -13,12 +13,13 @@ uniform or scalar lanes) and keeps scalar lanes wherever packing is not certain 
 linearizer orders by a depth-first walk from the SINK, which on scalar lanes meets the lanes one output lane after
 another, and the pass puts a packed op at its last lane: `order_hints` computes that order and `vector_sink` lists
 its `anchors` in the SINK, so that the walk meets every UOp there.
-Imports dtype, lower_index, ops, shape/, uopgraph and uops."""
+Imports dtype, lower_index, ops, passes.load_masks, shape/, uopgraph and uops."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.lower_index import value_dtype
 from kernopt.ops import BinaryOps, BufferOps, LazyOp, MetaOps, ReduceOps, TernaryOps, UnaryOps
+from kernopt.passes.load_masks import lane_mask
 from kernopt.shape.symbolic import Node, NumNode, Variable
 from kernopt.uopgraph import graph_rewrite, simplifier
 from kernopt.uops import UOp, UOps
@@ -110,8 +111,10 @@ def _classify(lw: Any, nodes: list[LazyOp], j: int, vj: Variable,
       else: k = SCALAR
     elif op is BufferOps.STORE:
       idx, valid = lw.node_expr(x)
-      # a guarded store's guard must hold for every lane of a group or none (a PADTO'd row's): one guarded vector store
-      if cls[x.src[0]] == VEC and not (x.arg.dtype == _F32 and (isinstance(valid, NumNode) or vj not in valid.vars())
+      # a guarded store's guard holds for every lane of a group or none (a PADTO'd row's): one guarded vector store;
+      # a guard per lane (PADTO'd columns): one masked vector store, where the profile has them
+      if cls[x.src[0]] == VEC and not (x.arg.dtype == _F32 and (isinstance(valid, NumNode) or vj not in valid.vars()
+                                                                or lw.opts.caps.masked_stores)
                                        and (lin := lw.linear_of(idx)) is not None and lin[1].get(j) == 1):
         need.add(x.src[0])
       continue
@@ -197,7 +200,8 @@ def _keys_ok(lw: Any, nodes: list[LazyOp], vector: set[LazyOp], groups: list[lis
 
 # ***** the order the scalar lanes would have had *****
 
-def order_hints(outs: list[tuple[Optional[list[UOp]], list[UOp]]], vp: VectorPlan, params: list[UOp]) -> list[UOp]:
+def order_hints(outs: list[tuple[Optional[list[list[UOp]]], list[UOp]]], vp: VectorPlan,
+                params: list[UOp]) -> list[UOp]:
   """Every UOp the stores of `outs` read, in the order the linearizer's depth-first walk of the scalar lanes (the SINK
   lists each output's lane stores in lane order) meets them, a vector op where its last lane is met. outs: per output
   its vector stores (one per group; None for a scalar output) and its scalar stores. Lane t of a vector op reads lane
@@ -290,9 +294,9 @@ def order_hints(outs: list[tuple[Optional[list[UOp]], list[UOp]]], vp: VectorPla
       for s in ss: walk(s, order, order)
       continue
     at: list[tuple[int, list[UOp]]] = []
-    for g, st in enumerate(vs):
+    for g, sts in enumerate(vs):
       lanes: list[list[UOp]] = [[] for _ in range(vp.w)]
-      walk(st, lanes[0], lanes[last], lanes)
+      for st in sts: walk(st, lanes[0], lanes[last], lanes)
       at += [(ln, us) for ln, us in zip(vp.groups[g], lanes) if us]
     for _, us in sorted(at, key=lambda x: x[0]): order.extend(us)
   for p in params: walk(p, order, order)
@@ -312,10 +316,10 @@ def is_gather(v: UOp) -> bool:
   src = v.src
   return src[-1] is not src[0] or src.count(src[0]) != len(src)
 
-def vector_sink(outs: list[tuple[Optional[list[UOp]], list[UOp]]], vp: VectorPlan, params: list[UOp]) -> UOp:
+def vector_sink(outs: list[tuple[Optional[list[list[UOp]]], list[UOp]]], vp: VectorPlan, params: list[UOp]) -> UOp:
   """The SINK of a kernel lowered with vectors: its anchors (see `anchors`) listed in `order_hints`' order, then the
   parameters, so that the linearizer's walk meets each UOp where it met the scalar lanes the vectorize pass would
-  pack. outs: per output its vector stores (one per group; None for a scalar output) and its scalar stores."""
+  pack. outs: per output its stores per group (None for a scalar output) and its scalar stores."""
   hints = anchors(order_hints(outs, vp, params))
   seen = set(hints)
   return UOp(UOps.SINK, None, tuple(hints) + tuple(p for p in params if p not in seen))
@@ -403,24 +407,32 @@ class VectorLowering:
     buf = self._buf(x.arg)
     return Vecs([UOp(_LOAD, vdt, (buf, i)) for i in self._vector_index(x)])
 
-  def _vector_store(self, x: LazyOp, vals: Vecs) -> list[UOp]:
+  def _vector_store(self, x: LazyOp, vals: Vecs) -> list[list[UOp]]:
     """Each group's vector STORE; a guarded one (the guard the same for every lane of a group: a PADTO'd row) as the
-    scalar lanes' are: STORE(buf, WHERE(guard, index, 0), value, guard)."""
+    scalar lanes' are: STORE(buf, WHERE(guard, index, 0), value, guard). Where the guard differs between a group's
+    lanes (PADTO'd columns), the masked vector STORE(buf, index, value, int32 lane mask), bit t set where lane t's
+    guard holds (passes.load_masks.lane_mask). Per group, its stores (none where the guard is false)."""
     vp = self.vp
     assert vp is not None
     buf = self._buf(x.arg)
     idxs = self._vector_index(x)
     if isinstance(valid := self.node_expr(x)[1], NumNode):
-      return [UOp(_STORE, None, (buf, i, v)) for i, v in zip(idxs, vals.vecs)]
+      return [[UOp(_STORE, None, (buf, i, v))] for i, v in zip(idxs, vals.vecs)]
     gates = self.per_lane(valid, True)
     out = []
     for g, i, v in zip(vp.groups, idxs, vals.vecs):
-      if (gate := gates[g[0]]).op is _CONST:
-        if gate.arg: out.append(UOp(_STORE, None, (buf, i, v)))
-      else:
-        guarded = UOp(_ALU, i.dtype, (gate, i, self.const(0)), TernaryOps.WHERE)
-        out.append(UOp(_STORE, None, (buf, guarded, v, gate)))
+      gate = gates[g[0]]
+      if any(gates[m] is not gate for m in g):
+        mask = lane_mask(tuple(None if gates[m].op is _CONST and gates[m].arg else gates[m] for m in g))
+        out.append([UOp(_STORE, None, (buf, i, v, mask))])
+      else: out.append([] if (st := self._gated_store(buf, i, v, gate)) is None else [st])
     return out
+
+  def _gated_store(self, buf: UOp, i: UOp, v: UOp, gate: UOp) -> Optional[UOp]:
+    """STORE(buf, i, v), guarded as STORE(buf, WHERE(gate, i, 0), v, gate) unless the gate is a constant (None:
+    false)."""
+    if gate.op is _CONST: return UOp(_STORE, None, (buf, i, v)) if gate.arg else None
+    return UOp(_STORE, None, (buf, UOp(_ALU, i.dtype, (gate, i, self.const(0)), TernaryOps.WHERE), v, gate))
 
   def _vector_alu(self, x: LazyOp, dt: DType, src: list[Lanes]) -> Vecs:
     """ALU op x of vector sources and sources uniform over each group (broadcast; a constant as a vector

@@ -31,6 +31,10 @@ _ADD, _WHERE = BinaryOps.ADD, TernaryOps.WHERE
 _ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps)
 _UNSET: Any = object()
 
+def _conjuncts(n: Node) -> list[Node]:
+  """The nodes a valid is the AND of (none for a constant)."""
+  return list(n.nodes) if isinstance(n, AndNode) else [] if isinstance(n, NumNode) else [n]
+
 def lane_substitute(c: Node, vals: dict[Variable, int]) -> Node:
   """c.substitute(vals), without building the substituted nodes for a comparison Σ terms < b (b an int, each term a
   constant, a Variable or a Variable times an int) that the bounds of the substituted sum decide: its maximum below
@@ -116,13 +120,15 @@ class _Lowerer(ReduceLowering, VectorLowering, Float4Lanes):
     self.writable = {x.arg.idx for x in ast.src if x.arg.idx >= 0}
     self.memo: dict[LazyOp, Lanes] = {}
     self.exprs: dict[LazyOp, tuple[Node, Node]] = {}
+    self.store_ops = [x for x in ast.src if x.arg.idx >= 0]
+    self.store_conds: Optional[set[Node]] = None   # the conjuncts of every store's valid (unstored)
     self.linears: dict[Node, Any] = {}
     self.folds: dict[UOp, bool] = {}
     self.paths = reduce_paths(ast)
     self.range_owner: dict[int, tuple] = {}
     self.own_ranges: dict[tuple[int, tuple], UOp] = {}
     self.reduced: dict[tuple, Lanes] = {}
-    self.vstores: dict[LazyOp, list[UOp]] = {}
+    self.vstores: dict[LazyOp, list[list[UOp]]] = {}
     self.acc_n = 0
     self.local_n = 0
     if vectors: self.vp = plan(self, ast)
@@ -188,9 +194,31 @@ class _Lowerer(ReduceLowering, VectorLowering, Float4Lanes):
     return st.expr_idxs(idxs)
 
   def node_expr(self, x: LazyOp) -> tuple[Node, Node]:
-    """(index, valid) of buffer op x (a global buffer's, or a CONST's) over the lanes, computed once."""
-    if (ret := self.exprs.get(x)) is None: ret = self.exprs[x] = self._expr(x.arg.st, self.idxs)
+    """(index, valid) of buffer op x (a global buffer's, or a CONST's) over the lanes, computed once; a load's or
+    CONST's valid without the conjuncts `unstored` finds."""
+    if (ret := self.exprs.get(x)) is None:
+      ret = self._expr(x.arg.st, self.idxs)
+      if x.op is not BufferOps.STORE and not isinstance(ret[1], NumNode): ret = (ret[0], self.unstored(*ret))
+      self.exprs[x] = ret
     return ret
+
+  def unstored(self, idx: Node, valid: Node) -> Node:
+    """valid without each conjunct c that every store's valid has (a PADTO'd output axis: the lanes where c fails
+    are never stored) and whose variables neither idx nor the conjuncts kept read: the address is then one that some
+    stored lane reads too, and the lane's value only ever reaches the stores that c closes. A broadcast operand of a
+    padded tile (matmul's A along its PADTO'd columns) is then one value per group, not a gather of gated lanes."""
+    if self.store_conds is None:
+      conds = [set(_conjuncts(self.node_expr(s)[1])) for s in self.store_ops]
+      self.store_conds = set.intersection(*conds) if conds else set()
+    cs = _conjuncts(valid)
+    drop = [c for c in cs if c in self.store_conds]
+    if not drop: return valid
+    while True:
+      read = idx.vars().union(*(c.vars() for c in cs if c not in drop))
+      still = [c for c in drop if not (c.vars() & read)]
+      if len(still) == len(drop): break
+      drop = still
+    return Node.ands([c for c in cs if c not in drop]) if drop else valid
 
   def linear_of(self, node: Node) -> Optional[tuple[Node, dict[int, int]]]:
     """lower_index.linear(node) in the upcast variables, computed once per node."""
@@ -377,8 +405,8 @@ class _Lowerer(ReduceLowering, VectorLowering, Float4Lanes):
     mb: MemBuffer = x.arg
     src = self.lower(x.src[0])
     if type(src) is Vecs:
-      ret = self.vstores[x] = self._vector_store(x, src)
-      return ret
+      per_group = self.vstores[x] = self._vector_store(x, src)
+      return [st for sts in per_group for st in sts]
     vals: list[UOp] = src  # type: ignore[assignment]
     if mb.idx < 0:
       buf = self._buf(mb)

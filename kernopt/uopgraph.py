@@ -166,10 +166,18 @@ def _is_where_guard(idx: UOp, v: UOp) -> bool:
   return idx.op is UOps.ALU and idx.arg is TernaryOps.WHERE and idx.src[0] is v
 
 def store_valid(buf: UOp, idx: UOp, val: UOp, v: UOp) -> Optional[UOp]:
+  if v.dtype != dtypes.bool:   # a masked vector store's int32 lane mask: every lane open is a plain store
+    return UOp(UOps.STORE, None, (buf, idx, val)) if val.dtype is not None and v.arg == (1 << val.dtype.count) - 1 \
+      else None
   return UOp(UOps.STORE, None, (buf, idx.src[1] if _is_where_guard(idx, v) else idx, val)) if v.arg else None
 
+def _dead_store(x: UOp) -> bool:
+  """A STORE whose guard is constant false, or whose lane mask is constant 0."""
+  return x.op is UOps.STORE and len(x.src) == 4 and x.src[3].op is UOps.CONST and \
+    (x.src[3].dtype == dtypes.bool or x.src[3].arg == 0)
+
 def sink_drop_dead(s: UOp) -> Optional[UOp]:
-  keep = tuple(x for x in s.src if not (x.op is UOps.STORE and len(x.src) == 4 and x.src[3].op is UOps.CONST))
+  keep = tuple(x for x in s.src if not _dead_store(x))
   return UOp(UOps.SINK, None, keep) if len(keep) != len(s.src) else None
 
 def gep_vectorize(g: UOp, v: UOp) -> UOp: return v.src[g.arg]
@@ -220,10 +228,10 @@ RULES: list[Rule] = [
   # a guarded LOAD with a constant guard is a plain LOAD or its alternative value
   (UPat(UOps.LOAD, src=(UPat(name="buf"), UPat(name="idx"), UPat(UOps.CONST, name="v"), UPat(name="alt")), name="ld"),
    load_valid),
-  # a guarded STORE with a true guard is a plain STORE
+  # a guarded STORE with a true guard (a masked one with every lane open) is a plain STORE
   (UPat(UOps.STORE, src=(UPat(name="buf"), UPat(name="idx"), UPat(name="val"), UPat(UOps.CONST, name="v"))),
    store_valid),
-  # a STORE whose guard is constant false is dropped from the SINK
+  # a STORE whose guard is constant false (lane mask 0) is dropped from the SINK
   (UPat(UOps.SINK, name="s"), sink_drop_dead),
   # GEP of a VECTORIZE is the lane
   (UPat(UOps.GEP, src=(UPat(UOps.VECTORIZE, name="v"),), name="g"), gep_vectorize),

@@ -100,9 +100,9 @@ def test_the_8_lane_shuffle_helper_picks_even_lanes_of_a_and_odd_lanes_of_b(tmp_
   import ctypes
   import platform
   import subprocess
-  from kernopt.renderers.native import _DEINT8
+  from kernopt.renderers.x86_helpers import DEINT8
   if flags == ["-mavx2"] and platform.machine().lower() not in ("x86_64", "amd64"): pytest.skip("x86 only")
-  src = "\n".join(["typedef float float8 __attribute__((aligned(32), vector_size(32)));", _DEINT8.format(vt="float8"),
+  src = "\n".join(["typedef float float8 __attribute__((aligned(32), vector_size(32)));", DEINT8.format(vt="float8"),
                    "void run(const float* a, const float* b, float* out) {",
                    "  float8 x, y; __builtin_memcpy(&x, a, 32); __builtin_memcpy(&y, b, 32);",
                    "  float8 r = ko_deint_float8(x, y); __builtin_memcpy(out, &r, 32); }"])

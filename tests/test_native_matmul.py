@@ -162,7 +162,7 @@ def test_six_row_tiles_on_random_shapes():
     M, N, K = int(rng.integers(1, 301)), int(rng.integers(1, 81)), int(rng.integers(1, 301))
     w = int(rng.choice([4, 8]))
     dev = devs[(w, int(rng.integers(1, 3)))]
-    if rng.integers(2) and M > 6 and N % (2 * w) == 0:
+    if rng.integers(2) and M > 6 and M % 6 and N % (2 * w) == 0:
       k = Kernel(_matmul_ast(M, N, K), opts=dev.renderer).required_optimizations()
       for o in (Opt(OptOps.PADTO, 0, 6), Opt(OptOps.UPCAST, 0, 6), Opt(OptOps.UPCAST, 1, 2 * w)): k.apply_opt(o)
     else: k = protocol(_matmul_ast(M, N, K), dev.renderer)
@@ -175,3 +175,61 @@ def test_six_row_tiles_on_random_shapes():
     np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4,
                                err_msg=f"{M}x{N}x{K} {k.applied_opts} {dev.renderer.caps.vector_width}")
   assert seen_split, "no shape took the split tile loop"
+
+# ***** PADTO'd columns: the tile stays vectors, its last columns stored through a lane mask *****
+
+def _mm(dev, M, N, K, opts, seed):
+  from catalogue import _matmul_ast
+  k = Kernel(_matmul_ast(M, N, K), opts=dev.renderer).required_optimizations()
+  for o in opts: k.apply_opt(o)
+  prg = k.to_program()
+  rng = np.random.default_rng(seed)
+  a, b = rng.standard_normal((M, K), np.float32), rng.standard_normal((K, N), np.float32)
+  out, ba, bb = Buffer("CPU", M * N, dtypes.float), Buffer("CPU", M * K, dtypes.float).copyin(a.ravel()), \
+    Buffer("CPU", K * N, dtypes.float).copyin(b.ravel())
+  dev.compile(prg)(out, ba, bb, wait=True)
+  np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4,
+                             err_msg=f"{M}x{N}x{K} {opts}")
+  return prg
+
+@needs_cc
+@pytest.mark.parametrize("w", [4, 8, 16])
+@pytest.mark.parametrize("N", [9, 23, 37, 999 % 64])
+def test_padded_columns_keep_the_tile_in_vectors(w, N):
+  """A matmul tile whose column axis is PADTO'd to two vectors (N no multiple of 2w): A's element, the same for every
+  column, is loaded once and broadcast (the padding's gate on it is dropped: only stored lanes are ever read back),
+  B's row is a masked vector load, each accumulator one vector, and each row's store a masked vector STORE (an int32
+  lane mask as its fourth source) where the guard differs between a vector's lanes, not the whole kernel in scalar
+  lanes. Each kernel equals numpy's matmul, on 1 and 2 threads."""
+  M, K = 12, 23
+  opts = [Opt(OptOps.PADTO, 1, 2 * w), Opt(OptOps.UPCAST, 1, 2 * w), Opt(OptOps.UPCAST, 0, 4)]
+  for threads in (1, 2):
+    dev = Device.open("CPU", threads=threads, vector_width=w, min_parallel_work=0)
+    uops = _mm(dev, M, N, K, opts, seed=N + w).uops
+    if N < w: continue   # one tile, its second vector all padding: stored by no lane (numbers checked only)
+    stores = [u for u in uops if u.op is UOps.STORE]
+    assert all(u.src[2].dtype.count == w for u in stores), [u.src[2].dtype for u in stores]
+    assert any(len(u.src) == 4 and u.src[3].dtype == dtypes.int32 for u in stores)
+    a_loads = [u for u in uops if u.op is UOps.LOAD and u.src[0].arg[0] == 1]
+    assert a_loads and all(len(u.src) == 2 for u in a_loads)
+    assert not [u for u in uops if u.op is UOps.DEFINE_ACC and u.dtype.count == 1]
+
+@needs_cc
+def test_padded_columns_on_random_shapes():
+  """Seeded random matmuls (M 2-70, N 2-100, K 1-70) with the column axis PADTO'd to two vectors and random rows
+  upcast, at widths 4, 8 and 16, on 1 and 2 threads, each equal to numpy's matmul. 12 shapes by default, FUZZ_N * 12
+  when FUZZ_N is set."""
+  import os
+  rng, ran = np.random.default_rng(int(os.environ.get("FUZZ_SEED", "0")) + 18), 0
+  for _ in range(12 * int(os.environ.get("FUZZ_N", "1"))):
+    M, N, K = int(rng.integers(2, 71)), int(rng.integers(2, 101)), int(rng.integers(1, 71))   # (size 1 drops an axis)
+    w = int(rng.choice([4, 8, 16]))
+    dev = Device.open("CPU", threads=int(rng.integers(1, 3)), vector_width=w, min_parallel_work=0)
+    rows = [r for r in (2, 3, 4, 6, 8) if M % r == 0]
+    opts = [Opt(OptOps.PADTO, 1, 2 * w)] if N % (2 * w) else []   # (PADTO refuses an axis with nothing to pad)
+    opts.append(Opt(OptOps.UPCAST, 1, 2 * w))
+    if rows and rng.integers(2): opts.append(Opt(OptOps.UPCAST, 0, int(rng.choice(rows))))
+    if -(-N // (2 * w)) * 2 * w >= 4 * N: continue   # PADTO refuses to quadruple the work
+    _mm(dev, M, N, K, opts, seed=int(rng.integers(1 << 30)))
+    ran += 1
+  assert ran >= 8 * int(os.environ.get("FUZZ_N", "1"))

@@ -60,6 +60,12 @@ def _gate_atoms(g: UOp) -> list[UOp]:
   if g.op is _ALU and g.arg is _AND and g.dtype == dtypes.bool: return _gate_atoms(g.src[0]) + _gate_atoms(g.src[1])
   return [g]
 
+def _store_gates(g: UOp) -> list[UOp]:
+  """A guarded store's gate, or the gates a masked vector store's int32 lane mask is built of (load_masks.lane_mask:
+  CAST(gate) * bits terms, a shared conjunct as a WHERE's condition)."""
+  if g.dtype == dtypes.bool: return [g]
+  return [x for s in g.src for x in _store_gates(s)] if g.op is _ALU or g.op is UOps.CAST else []
+
 def _less_form(atom: UOp, memo: dict[UOp, Affine]) -> Optional[Affine]:
   """For an index comparison a < b, the form f of a - b (the atom holds iff f <= -1); None for any other atom."""
   if atom.op is not _ALU or atom.arg is not _CMPLT or atom.src[0].dtype not in _INDEX_DTYPES: return None
@@ -160,7 +166,8 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   gated = [u for u in region if u.op is _LOAD and len(u.src) == 4]
   # a gated store (a PADTO'd output axis) narrows the box like a load: its gate folds in the copy too
   ifs = [u.src[0] for u in region if u.op is _IF]
-  gates = [u.src[2] for u in gated] + [u.src[3] for u in region if u.op is _STORE and len(u.src) == 4] + ifs
+  gates = [u.src[2] for u in gated] + [g for u in region if u.op is _STORE and len(u.src) == 4
+                                       for g in _store_gates(u.src[3])] + ifs
   atoms = {a: f for g in gates for a in _gate_atoms(g) if (f := _less_form(a, memo)) is not None}
   box: dict[UOp, tuple[int, int]] = {}
   for (form, k) in atoms.values():
@@ -180,7 +187,7 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   # a box over enclosing loops only (a PADTO'd outer axis of an interchanged matmul tile) versions the tile loop whole:
   # its IF is met once per outer iteration, and the copy's tile loop is a plain nest that reduce blocking and panel
   # packing take (matmul 1000x1000x999 at width 8: PADTO 16 on the column tiles)
-  if loop not in box and _const_range(loop) and all(u.op in (_ALU, _CONST) for u in uops[li + 1:start]):
+  if loop not in box and _const_range(loop) and all(u.op in (_ALU, _CONST, UOps.CAST) for u in uops[li + 1:start]):
     start, le = li, le + 1
     region = uops[start:le]
   fraction = 1.0
@@ -228,6 +235,15 @@ def _fold(u: UOp) -> UOp:
   elif u.op is _LOAD and len(u.src) == 4 and u.src[2].op is _CONST and u.src[2].arg is True:
     return UOp(_LOAD, u.dtype, u.src[:2])
   elif u.op is _STORE and len(u.src) == 4 and u.src[3].op is _CONST and u.src[3].arg is True:
+    return UOp(_STORE, u.dtype, u.src[:3])
+  # a masked vector store's lane mask: CAST(True) * bits + ... folds to a constant; every lane open is a plain store
+  elif u.op is UOps.CAST and u.src[0].op is _CONST and u.src[0].arg is True and u.dtype == dtypes.int32:
+    return UOp.const(dtypes.int32, 1)
+  elif u.op is _ALU and u.dtype == dtypes.int32 and u.arg in (_ADD, _MUL) and all(x.op is _CONST for x in u.src):
+    a, b = u.src[0].arg, u.src[1].arg
+    return UOp.const(dtypes.int32, a + b if u.arg is _ADD else a * b)
+  elif u.op is _STORE and len(u.src) == 4 and u.src[3].op is _CONST and u.src[2].dtype is not None and \
+      u.src[3].arg == (1 << u.src[2].dtype.count) - 1:
     return UOp(_STORE, u.dtype, u.src[:3])
   return u
 

@@ -1,6 +1,6 @@
-"""The lane mask of a masked vector load (the CPU profiles' packed loads of a padded window): which lanes of a group of
-gated scalar loads may share one masked vector load, and the int32 mask that opens each lane where its gate holds.
-Imports dtype, ops and uops."""
+"""The lane mask of a masked vector load or store (the CPU profiles' packed loads of a padded window, stores of a padded
+tile's last columns): which lanes of a group of gated scalar loads or stores may share one masked vector op, and the
+int32 mask that opens each lane where its gate holds. Imports dtype, ops and uops."""
 from __future__ import annotations
 from typing import Optional
 from kernopt.dtype import dtypes
@@ -39,20 +39,25 @@ def _lane_bits(fixed: int, per_gate: dict[UOp, int]) -> UOp:
   return ret
 
 def masked_load_mask(members: tuple[UOp, ...]) -> UOp:
-  """int32 lane mask of a masked vector load: the ungated lanes' bits plus, per distinct gate, CAST(gate) * its
-  lanes' bits. When every lane is gated and the gates share a conjunct c (a padded window's row check, shared by the
-  lanes of one image row, whose first and last lanes add a column check), the mask is WHERE(c, the bits of the gates
-  with c taken off, 0): the bits under c depend only on the column checks, which a C compiler hoists out of the
-  reduce loops, and the row check costs one select (the reference's conv 64x56, 1 thread, Zen 3: 1.04x)."""
+  """int32 lane mask of a masked vector load of maskable lanes (see lane_mask)."""
+  return lane_mask(tuple(None if len(m.src) == 2 else m.src[2] for m in members))
+
+def lane_mask(gates: tuple[Optional[UOp], ...]) -> UOp:
+  """int32 lane mask of lanes gated by `gates` (None: ungated): the ungated lanes' bits plus, per distinct gate,
+  CAST(gate) * its lanes' bits. When every lane is gated and the gates share a conjunct c (a padded window's row
+  check, shared by the lanes of one image row, whose first and last lanes add a column check), the mask is WHERE(c,
+  the bits of the gates with c taken off, 0): the bits under c depend only on the column checks, which a C compiler
+  hoists out of the reduce loops, and the row check costs one select (the reference's conv 64x56, 1 thread, Zen 3:
+  1.04x)."""
   fixed = 0
   per_gate: dict[UOp, int] = {}
-  for lane, m in enumerate(members):
-    if len(m.src) == 2: fixed |= 1 << lane
-    else: per_gate[m.src[2]] = per_gate.get(m.src[2], 0) | 1 << lane
+  for lane, g in enumerate(gates):
+    if g is None: fixed |= 1 << lane
+    else: per_gate[g] = per_gate.get(g, 0) | 1 << lane
   if fixed or len(per_gate) < 2: return _lane_bits(fixed, per_gate)
-  gates = list(per_gate)
-  others = [set(_conjuncts(g)) for g in gates[1:]]
-  shared = [c for c in _conjuncts(gates[0]) if all(c in o for o in others)]
+  distinct = list(per_gate)
+  others = [set(_conjuncts(g)) for g in distinct[1:]]
+  shared = [c for c in _conjuncts(distinct[0]) if all(c in o for o in others)]
   if not shared: return _lane_bits(fixed, per_gate)
   c = shared[0]   # the first in the first gate's order: an AND before its own conjuncts
   under: dict[UOp, int] = {}

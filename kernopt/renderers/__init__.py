@@ -92,6 +92,7 @@ class Capabilities:
   interchange: bool = _cap(False, "a reduce loop may move outside the loops after it (matmul's K outside N)")
   pin_loads: Optional[str] = _cap(None, "inline-asm register class vector loads are pinned to (None: unpinned)")
   masked_loads: bool = _cap(False, "a contiguous gated load becomes one masked vector load, not a gather of lanes")
+  masked_stores: bool = _cap(False, "a store gated lane by lane (PADTO'd columns) is one masked vector store")
   split_borders: bool = _cap(False, "a padded window's tile loop runs a plain-load interior copy (passes/borders.py)")
   deinterleave: bool = _cap(False, "a gather of lanes 2 elements apart is two vector loads and a shuffle "
                                    "(passes/deinterleave.py)")

@@ -225,6 +225,11 @@ class CStyleLanguage(Renderer):
     (+0.0 elsewhere): the vectorize pass makes these where caps.masked_loads."""
     raise UnsupportedError(f"{self.dialect_name} has no masked vector loads ({dt} from {buf})")
 
+  def render_masked_store(self, buf: str, idx: str, val: str, mask: str, dt: DType) -> str:
+    """Lane l of the vector val to buf[idx + l] only where bit l of the int mask is set: the lowerer's vector plan
+    makes these where caps.masked_stores (a tile's PADTO'd columns)."""
+    raise UnsupportedError(f"{self.dialect_name} has no masked vector stores ({dt} to {buf})")
+
   def render_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
     if dt.count > 1: return f"*(({self.buffer_prefix}{self.render_dtype(dt)}*)({buf}+{idx})) = {val};"
     return f"{buf}[{idx}] = {self.to_storage(val, buf_dt)};"

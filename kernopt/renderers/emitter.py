@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Optional
-from kernopt.dtype import DType, ImageDType
+from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError
 from kernopt.ops import TernaryOps
 from kernopt.uops import Mark, UOp, UOps
@@ -238,6 +238,9 @@ class Emitter:
     lang, r, src = self.lang, self.r, u.src
     buf_dt = dtype_of(src[0])
     if isinstance(buf_dt, ImageDType): stmt = lang.render_image_store(u, [r[s] for s in src])
+    elif len(src) == 4 and dtype_of(src[3]) != dtypes.bool:
+      # the lowerer's masked vector STORE(buf, index, value, lane mask), where the dialect declares masked_stores
+      return self.line(lang.render_masked_store(r[src[0]], r[src[1]], r[src[2]], r[src[3]], dtype_of(src[2])))
     else:
       spell = lang.render_nontemporal_store if u.arg is Mark.NONTEMPORAL else lang.render_store
       stmt = spell(r[src[0]], r[src[1]], r[src[2]], dtype_of(src[2]), buf_dt)

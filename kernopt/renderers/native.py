@@ -17,6 +17,7 @@ from kernopt.helpers import getconfig
 from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
 from kernopt.renderers import Capabilities
 from kernopt.renderers.cstyle import CRenderer, RenderContext
+from kernopt.renderers.x86_helpers import DEINT8, fma_helper, MASKLOAD, mload_helper, mstore_helper, stream_helper
 from kernopt.uops import Mark, ReduceBlock, UOp, UOps, loop_mark
 
 PARALLEL_MODES = ("pthread", "openmp", "none")
@@ -143,7 +144,8 @@ def native_capabilities(vector_width: Optional[int] = None, threads: Optional[in
   return replace(CRenderer.caps, heuristics="cpu_native", vector_width=width, max_upcast=max(8, 2 * width),
                  march=isa.march, isa_vector_width=isa.vector_width, threads=n, parallel=parallel if n > 1 else "none",
                  schedule="static", min_parallel_work=min_parallel_work, interchange=True,
-                 pin_loads=_VECTOR_REG.get(platform.machine().lower()), masked_loads=True, split_borders=True,
+                 pin_loads=_VECTOR_REG.get(platform.machine().lower()), masked_loads=True, masked_stores=True,
+                 split_borders=True,
                  deinterleave=True, reduce_block=REDUCE_BLOCK, panel_elements=PANEL_ELEMENTS, stream_stores=True,
                  stream_min=STREAM_MIN,
                  fused_accumulate=isa.fma if fused_accumulate is None else fused_accumulate)
@@ -213,8 +215,8 @@ class NativeCRenderer(CRenderer):
   on one thread; `fused_accumulate` (default: whether the ISA has FMA) makes float32 SUMs of products accumulate in
   one rounding (MULACC). Its heuristics profile is "cpu_native" (heuristics_cpu)."""
   key_caps = ("march", "isa_vector_width", "vector_width", "threads", "parallel", "min_parallel_work", "interchange",
-              "pin_loads", "masked_loads", "split_borders", "deinterleave", "reduce_block", "panel_elements",
-              "stream_stores")
+              "pin_loads", "masked_loads", "masked_stores", "split_borders", "deinterleave", "reduce_block",
+              "panel_elements", "stream_stores")
   # float32 exp2 is kernopt's own (_exp2_helper), scalar and vector alike
   code_for_op = {**CRenderer.code_for_op, UnaryOps.EXP2: _native_exp2}
 
@@ -251,9 +253,9 @@ class NativeCRenderer(CRenderer):
     raise UnsupportedError(f"{self.dialect_name} has no vector {op.name}")
 
   def _fma(self, dt: DType) -> str:
-    """The name of the lane-wise fused multiply-add on vector dt (_fma_helper), registered with this render."""
+    """The name of the lane-wise fused multiply-add on vector dt (fma_helper), registered with this render."""
     name = f"ko_fma_{self.render_dtype(dt)}"
-    self.helper(name, _fma_helper(name, self.render_dtype(dt), dt.count))
+    self.helper(name, fma_helper(name, self.render_dtype(dt), dt.count))
     return name
 
   def render_load(self, buf: str, idx: str, dt: DType, buf_dt: DType) -> str:
@@ -316,6 +318,12 @@ class NativeCRenderer(CRenderer):
   def render_local(self, name: str, dt: DType, size: int) -> str:
     return f"{self.render_dtype(dt)} {name}[{size}] __attribute__((aligned(64)));"
 
+  def render_masked_store(self, buf: str, idx: str, val: str, mask: str, dt: DType) -> str:
+    if dt.scalar() != dtypes.float32: raise UnsupportedError(f"no masked store of {dt}")
+    name = f"ko_mstore_{self.render_dtype(dt)}"
+    self.helper(name, mstore_helper(name, self.render_dtype(dt), dt.count))
+    return f"{name}({buf}, {idx}, {val}, {mask});"
+
   def render_masked_load(self, buf: str, idx: str, mask: str, dt: DType) -> str:
     """A vector of dt.count contiguous elements from buf[idx], lane l read only where bit l of mask is set (+0.0
     elsewhere): one vector load when every lane is open (a padded conv's interior), else lane by lane."""
@@ -325,7 +333,7 @@ class NativeCRenderer(CRenderer):
     decl = f"static inline {vt} {name}(const {st}* b, int32_t i, int32_t m) {{ {vt} v;"
     fast = f"if (m == {(1 << n) - 1}) {{ memcpy(&v, b + i, sizeof(v));{pin} return v; }}"
     loop = f"for (int l = 0; l < {n}; l++) v[l] = (m >> l) & 1 ? b[i + l] : 0.0f; return v;"
-    self.helper(name, _mload_helper(decl, fast, loop, vt, n) if dt.scalar() == dtypes.float32 and n in _MASKLOAD
+    self.helper(name, mload_helper(decl, fast, loop, vt, n) if dt.scalar() == dtypes.float32 and n in MASKLOAD
                 else f"{decl} {fast} {loop} }}")
     return f"{name}({buf}, {idx}, {mask})"
 
@@ -337,7 +345,7 @@ class NativeCRenderer(CRenderer):
     a, b = picks[0][0], picks[4][0]
     if picks != [(a, 0), (a, 2), (a, 4), (a, 6), (b, 1), (b, 3), (b, 5), (b, 7)]: return None
     vt = self.render_dtype(dt)
-    self.helper("ko_deint_float8", _DEINT8.format(vt=vt))
+    self.helper("ko_deint_float8", DEINT8.format(vt=vt))
     return f"ko_deint_float8({a}, {b})"
 
   def render_nontemporal_store(self, buf: str, idx: str, val: str, dt: DType, buf_dt: DType) -> str:
@@ -345,7 +353,7 @@ class NativeCRenderer(CRenderer):
       return self.render_store(buf, idx, val, dt, buf_dt)
     vt = self.render_dtype(dt)
     name = f"ko_stream_{vt}"
-    self.helper(name, _stream_helper(name, vt, dt.count))
+    self.helper(name, stream_helper(name, vt, dt.count))
     return f"{name}({buf}+{idx}, {val});"
 
   def render_kernel(self, name: str, params: list[str], body: list[str], preamble: list[str]) -> str:
@@ -356,82 +364,6 @@ class NativeCRenderer(CRenderer):
     if ctx.stream and not pool: body = body + ["  ko_stream_fence();"]
     if not pool: return super().render_kernel(name, params, body, preamble)
     return _pthread_kernel(self, ctx, name, params, body, preamble)
-
-# lanes 0, 2, 4, 6 of a and 1, 3, 5, 7 of b: within each 128-bit half a0 a2 b1 b3 | a4 a6 b5 b7, then the middle
-# 64-bit pairs swapped
-_DEINT8 = "\n".join([
-  "static inline {vt} ko_deint_float8({vt} a, {vt} b) {{",
-  "#if defined(__x86_64__) && defined(__AVX2__)",
-  "  typedef double ko_double4 __attribute__((vector_size(32)));",
-  "  return ({vt})__builtin_ia32_permdf256((ko_double4)__builtin_ia32_shufps256(a, b, 0xD8), 0xD8);",
-  "#else",
-  "  return ({vt}){{a[0], a[2], a[4], a[6], b[1], b[3], b[5], b[7]}};",
-  "#endif",
-  "}}"])
-
-# x86 non-temporal store of n floats: (builtin, ISA macro)
-_MOVNT = {4: ("__builtin_ia32_movntps", "__SSE__"), 8: ("__builtin_ia32_movntps256", "__AVX__"),
-          16: ("__builtin_ia32_movntps512", "__AVX512F__")}
-
-@functools.lru_cache(None)
-def _stream_helper(name: str, vt: str, n: int) -> str:
-  """A vector store that skips the caches where it can: clang's __builtin_nontemporal_store, gcc's movntps builtin
-  (either needs the address aligned to the vector: checked, else a plain store); a plain store on other hosts."""
-  lines = ["#if defined(__x86_64__) && defined(__SSE__)", "#define ko_stream_fence() __builtin_ia32_sfence()", "#else",
-           "#define ko_stream_fence() ((void)0)", "#endif", f"static inline void {name}(float* p, {vt} v) {{"]
-  if n in _MOVNT:
-    fn, isa = _MOVNT[n]
-    lines += [f"#if defined(__x86_64__) && defined({isa})",
-              f"  if (((uintptr_t)p & {4 * n - 1}) == 0) {{",
-              "#if defined(__clang__)",
-              f"    __builtin_nontemporal_store(v, ({vt}*)p);",
-              "#else",
-              f"    {fn}(p, v);",
-              "#endif",
-              "    return;",
-              "  }",
-              "#endif"]
-  return "\n".join(lines + ["  memcpy(p, &v, sizeof(v));", "}"])
-
-# x86 masked load of n floats, the closed lanes never touched: (builtin call on p and the lane mask k, ISA macro)
-_MASKLOAD = {4: ("__builtin_ia32_maskloadps((const float4*)p, k)", "__AVX__"),
-             8: ("__builtin_ia32_maskloadps256((const float8*)p, k)", "__AVX__"),
-             16: ("__builtin_ia32_loadups512_mask((const float*)p, (float16){0}, (uint16_t)m)", "__AVX512F__")}
-
-def _mload_helper(decl: str, fast: str, loop: str, vt: str, n: int) -> str:
-  """A partial vector load through the ISA's masked load where it has one (AVX: the lanes' bits of m as the sign
-  bits of a vector of ints, all the instruction reads; AVX-512: m itself), else the all-open `fast` path and the
-  lane-by-lane `loop`: the border of a padded load then needs no help from the loop vectorizer, which runtime/cpu.py's
-  miscompile table may switch off. The address is formed as an integer (it points before the buffer when the first
-  lanes are padding; those lanes are never read). AVX takes no all-open branch: its join made gcc 12 spill two of a
-  conv tile's eight accumulators in the border loop (the reference's conv 64x56, 1 thread, Zen 3: 1.07-1.16x, with
-  the mask's shared row check a select, passes.load_masks.masked_load_mask)."""
-  call, isa = _MASKLOAD[n]
-  addr = "  const void* p = (const void*)((uintptr_t)b + (intptr_t)i * (intptr_t)sizeof(float));"
-  if n == 16:
-    return "\n".join([f"{decl} {fast}", f"#if defined(__x86_64__) && defined({isa})", addr, f"  return {call};",
-                      "#else", f"  {loop}", "#endif", "}"])
-  shifts = ", ".join(str(31 - l) for l in range(n))
-  return "\n".join([decl, f"#if defined(__x86_64__) && defined({isa})",
-                    f"  typedef int32_t ko_lanes{n} __attribute__((vector_size({4 * n})));",
-                    f"  ko_lanes{n} k = ((ko_lanes{n}){{0}} + m) << (ko_lanes{n}){{{shifts}}};", addr,
-                    f"  return {call};", "#else", f"  {fast} {loop}", "#endif", "}"])
-
-# x86 fused multiply-add of n floats: (builtin, its extra arguments, ISA macro); the builtins need no header
-_VFMADD = {4: ("__builtin_ia32_vfmaddps", "", "__FMA__"), 8: ("__builtin_ia32_vfmaddps256", "", "__FMA__"),
-           16: ("__builtin_ia32_vfmaddps512_mask", ", (uint16_t)-1, 4", "__AVX512F__")}
-
-@functools.lru_cache(None)
-def _fma_helper(name: str, vt: str, n: int) -> str:
-  """Lane-wise fmaf: one vfmadd...ps through the compiler's builtin where the ISA has it (the intrinsics' headers
-  would add ~0.4 s to every compile), else a loop over the lanes. The builtin keeps the FMA when the loop vectorizer
-  is off (the gcc 12 workaround of runtime/cpu.py's miscompile table)."""
-  loop = f"{vt} r; for (int l = 0; l < {n}; l++) r[l] = fmaf(a[l], b[l], c[l]); return r;"
-  if n not in _VFMADD: return f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{ {loop} }}"
-  fn, extra, isa = _VFMADD[n]
-  return "\n".join([f"static inline {vt} {name}({vt} a, {vt} b, {vt} c) {{",
-                    f"#if defined(__x86_64__) && defined({isa})", f"  return {fn}(a, b, c{extra});",
-                    "#else", f"  {loop}", "#endif", "}"])
 
 # The pthread pool: one per process, shared by every parallel kernel (POOL_SOURCE, built and loaded once by the CPU
 # device; kernels declare POOL_ABI and call it). Workers sleep on a condition variable between launches; a launch
