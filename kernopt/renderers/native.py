@@ -188,8 +188,8 @@ def _exp2_helper(name: str, ft: str, it: str, n: int, fma: Optional[str] = None)
   if n in _MINMAX:
     # x86's max(a, b) is b when either is NaN: max(-151, x), then min(129, .), keep a NaN x (2 ops instead of 7)
     mn, mx, isa = _MINMAX[n]
-    masked = [f"#if defined(__x86_64__) && defined({isa})",
-              f"  {ft} c = {mn}(({ft}){{0}} + 129.0f, {mx}(({ft}){{0}} - 151.0f, x));", "#else", *masked, "#endif"]
+    hi = mn.format(a=f"({ft}){{0}} + 129.0f", b=mx.format(a=f"({ft}){{0}} - 151.0f", b="x"))
+    masked = [f"#if defined(__x86_64__) && defined({isa})", f"  {ft} c = {hi};", "#else", *masked, "#endif"]
   # h = floor(n / 2) by a shift where the scalar truncates: either split keeps p * 2^h a normal float, so the one
   # rounding of (p * 2^h) * 2^(n-h) gives the same bits
   return "\n".join([
@@ -199,9 +199,12 @@ def _exp2_helper(name: str, ft: str, it: str, n: int, fma: Optional[str] = None)
     f"  {ft} p = {_exp2_poly(fma, ft)};",
     f"  return (p * ({ft})((h + 127) << 23)) * ({ft})((n - h + 127) << 23);", "}"])
 
-# x86 lane-wise min and max of n floats, each the second operand where either is NaN: (min, max, ISA macro)
-_MINMAX = {4: ("__builtin_ia32_minps", "__builtin_ia32_maxps", "__SSE__"),
-           8: ("__builtin_ia32_minps256", "__builtin_ia32_maxps256", "__AVX__")}
+# x86 lane-wise min(a, b) and max(a, b) of n floats, each b where either is NaN: (min, max, ISA macro); AVX-512's
+# with every lane of the write mask set and the current rounding (the softmax exp kernel at width 16: 2 ops, not 7)
+_MINMAX = {4: ("__builtin_ia32_minps({a}, {b})", "__builtin_ia32_maxps({a}, {b})", "__SSE__"),
+           8: ("__builtin_ia32_minps256({a}, {b})", "__builtin_ia32_maxps256({a}, {b})", "__AVX__"),
+           16: ("__builtin_ia32_minps512_mask({a}, {b}, {a}, (uint16_t)-1, 4)",
+                "__builtin_ia32_maxps512_mask({a}, {b}, {a}, (uint16_t)-1, 4)", "__AVX512F__")}
 
 def _native_exp2(r: Any, dt: DType, x: str) -> str:
   if not dtypes.is_float(dt): raise UnsupportedError(f"{r.dialect_name} has no exp2 on {dt}")
