@@ -13,13 +13,14 @@ uniform or scalar lanes) and keeps scalar lanes wherever packing is not certain 
 linearizer orders by a depth-first walk from the SINK, which on scalar lanes meets the lanes one output lane after
 another, and the pass puts a packed op at its last lane: `order_hints` computes that order and `vector_sink` lists
 its `anchors` in the SINK, so that the walk meets every UOp there.
-Imports dtype, lower_index, ops, passes.load_masks, shape/, uopgraph and uops."""
+Imports dtype, lower_index, ops, passes.load_masks, passes.vectorize, shape/, uopgraph and uops."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.lower_index import value_dtype
 from kernopt.ops import BinaryOps, BufferOps, LazyOp, MetaOps, ReduceOps, TernaryOps, UnaryOps
 from kernopt.passes.load_masks import lane_mask
+from kernopt.passes.vectorize import half_width
 from kernopt.shape.symbolic import Node, NumNode, Variable
 from kernopt.uopgraph import graph_rewrite, simplifier
 from kernopt.uops import UOp, UOps
@@ -65,6 +66,11 @@ def plan(lw: Any, ast: LazyOp) -> Optional[VectorPlan]:
   # (padded loads become VECTORIZEs of their gated lanes: the borders pass reads the lanes' gates, vectorize packs
   # them into one masked load)
   cands = [j for j, s in enumerate(lw.up_sizes) if s % w == 0]
+  if not cands and (h := half_width(w)):
+    # the vectorize pass's fallback width (AVX-512's 8-lane vectors: a 56-wide conv row's half-width tile), unless
+    # the pass packs full vectors across axes (an 8-wide image's two rows are 16 contiguous lanes)
+    if any(_contiguous_run(lw, st, w) for st in ast.src): return None
+    w, cands = h, [j for j, s in enumerate(lw.up_sizes) if s % h == 0]
   # the axis the outputs are stored along with unit stride first
   def unit_store(j: int) -> bool:
     for s in ast.src:
@@ -74,6 +80,12 @@ def plan(lw: Any, ast: LazyOp) -> Optional[VectorPlan]:
   for j in sorted(cands, key=lambda j: not unit_store(j)):
     if (p := _plan_axis(lw, ast, j, w)) is not None: return p
   return None
+
+def _contiguous_run(lw: Any, st: LazyOp, w: int) -> bool:
+  """Whether w of store st's lanes are stored at consecutive offsets."""
+  if (lin := lw.linear_of(lw.node_expr(st)[0])) is None: return False
+  offs = sorted(set(lw.lane_offsets(lin[1])))
+  return any(offs[i + w - 1] - offs[i] == w - 1 for i in range(len(offs) - w + 1))
 
 def _plan_axis(lw: Any, ast: LazyOp, j: int, w: int) -> Optional[VectorPlan]:
   vj = next(v for v, k in lw.up_vars.items() if k == j)

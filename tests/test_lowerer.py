@@ -623,3 +623,20 @@ def test_a_padded_row_tile_lowers_as_vectors_with_guarded_vector_stores(w):
     Buffer("CPU", b.size, dtypes.float).copyin(b.ravel())
   dev.compile(k.to_program())(out, ba, bb, wait=True)
   np.testing.assert_allclose(out.numpy().reshape(100, 4 * w), a.astype(np.float64) @ b, rtol=1e-5, atol=1e-5)
+
+def test_half_width_tiles_lower_to_half_width_vectors_at_width_16():
+  """Width 16, conv output rows of 24 columns (16 does not divide them; rule cpu.half_width tiles them with 8-lane
+  vectors): the lowerer's vector plan takes the vectorize pass's fallback width, so the lowered list holds 8-lane
+  vector ops and few UOps, and the source is byte for byte the one the pass packs from the scalar lanes. (A
+  depthwise conv's window-unrolled taps stay scalar lanes at every width: the pass packs their overlapping loads.)"""
+  from kernopt.kernel import Kernel
+  from kernopt.passes import passes_for, run_passes
+  catalogue = pytest.importorskip("catalogue")
+  r = native(16)
+  k = Kernel(catalogue.conv2d_ast(1, 8, 4, 24, 16), opts=r).required_optimizations().hand_coded_optimizations()
+  opt_ast = k.get_optimized_ast()
+  low = [linearize(lower(opt_ast, r, vectors=v), r) for v in (True, False)]
+  assert {u.dtype.count for u in low[0] if u.dtype is not None and u.dtype.count > 1} == {8}
+  assert 2 * len(low[0]) < len(low[1])
+  srcs = [r.render("k", run_passes(lst, passes_for(r))) for lst in low]
+  assert "float8" in srcs[0] and srcs[0] == srcs[1]
