@@ -5,7 +5,7 @@ to_program, median over repeats) and the kernel (median over repeats after a war
 The figure per workload is the median over rounds of the within-round ratio base time / this tree's time (above 1:
 this tree is faster).
 Usage: python3 benchmarks/ab.py --base REV [--rounds 5] [--repeats 7] [--workloads W1,W4] [--threads 1,2]
-                                [--profile native|static]"""
+                                [--profile native|static] [--asts benchmarks/asts/mlp_l1.json,...]"""
 from __future__ import annotations
 import argparse
 import json
@@ -58,6 +58,15 @@ for name in names:
     t0 = time.perf_counter(); runner(*args, wait=True); ts.append(time.perf_counter() - t0)
   out[name] = {"kernel_s": statistics.median(ts), "codegen_s": statistics.median(cg), "name": prg.name,
                "opts": [str(o) for o in k.applied_opts]}
+for path in [p for p in sys.argv[6].split(",") if p]:
+  # an AST file (benchmarks/asts/): cold codegen only, the AST loaded afresh each repeat
+  import kernopt
+  cg = []
+  for _ in range(repeats):
+    ast = kernopt.load(path)
+    t0 = time.perf_counter(); k = optimize(ast); k.to_program(); cg.append(time.perf_counter() - t0)
+  out[os.path.basename(path)] = {"kernel_s": None, "codegen_s": statistics.median(cg), "name": "",
+                                 "opts": [str(o) for o in k.applied_opts]}
 print(json.dumps(out))
 '''
 
@@ -69,11 +78,14 @@ def export(rev: str, dest: str) -> str:
   subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
   return dest
 
-def run_tree(tree: str, names: list[str], repeats: int, threads: int, profile: str, cache: str) -> dict:
-  """One process of `tree` timing `names`; each tree has its own cache directory (their formats may differ)."""
+def run_tree(tree: str, names: list[str], repeats: int, threads: int, profile: str, cache: str,
+             asts: tuple[str, ...] = ()) -> dict:
+  """One process of `tree` timing `names` (and the codegen of the AST files `asts`); each tree has its own cache
+  directory (their formats may differ)."""
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   env["CACHE_DIR"] = cache
-  r = subprocess.run([sys.executable, "-c", DRIVER, tree, ",".join(names), str(repeats), str(threads), profile],
+  r = subprocess.run([sys.executable, "-c", DRIVER, tree, ",".join(names), str(repeats), str(threads), profile,
+                      ",".join(asts)],
                      capture_output=True, text=True, env=env, cwd=tree)
   if r.returncode != 0: raise SystemExit(f"{tree}: the benchmark failed:\n{r.stderr[-3000:]}")
   return json.loads(r.stdout.strip().splitlines()[-1])
@@ -86,7 +98,11 @@ def main() -> None:
   ap.add_argument("--workloads", default="")
   ap.add_argument("--threads", default="1")
   ap.add_argument("--profile", default="native", choices=("native", "static"))
+  ap.add_argument("--asts", default="benchmarks/asts/mlp_l1.json",
+                  help="AST files (comma-separated, from this tree) whose cold codegen is timed too (issue 16: "
+                       "the MLP's 64x784x256 matmul)")
   a = ap.parse_args()
+  asts = tuple(os.path.join(ROOT, p.strip()) for p in a.asts.split(",") if p.strip())
   sys.path[:0] = [ROOT, os.path.join(ROOT, "benchmarks")]
   from workloads import workloads
   names = [n.strip() for n in a.workloads.split(",") if n.strip()] or list(workloads())
@@ -104,13 +120,13 @@ def main() -> None:
       last: dict[str, tuple[dict, dict]] = {}
       for rnd in range(a.rounds):
         order = [("base", base), ("this", ROOT)][:: 1 if rnd % 2 == 0 else -1]
-        res = {who: run_tree(tree, names, a.repeats, t, a.profile, os.path.join(tmp, f"cache-{who}"))
+        res = {who: run_tree(tree, names, a.repeats, t, a.profile, os.path.join(tmp, f"cache-{who}"), asts)
                for who, tree in order}
-        for n in names:
+        for n in names + [os.path.basename(p) for p in asts]:
           if n in res["base"] and n in res["this"]:
             b, h = res["base"][n], res["this"][n]
-            ratios[n].append(b["kernel_s"] / h["kernel_s"])
-            cg_ratios[n].append(b["codegen_s"] / h["codegen_s"])
+            if b["kernel_s"] is not None: ratios.setdefault(n, []).append(b["kernel_s"] / h["kernel_s"])
+            cg_ratios.setdefault(n, []).append(b["codegen_s"] / h["codegen_s"])
             last[n] = (b, h)
         print(f"  round {rnd + 1}/{a.rounds} done", flush=True)
       print(f"threads {t}:")
@@ -122,6 +138,12 @@ def main() -> None:
         print(f"  {n:4s} {1e3 * b['kernel_s']:9.3f} {1e3 * h['kernel_s']:9.3f} {statistics.median(ratios[n]):16.3f}x "
               f"({min(ratios[n]):.2f}-{max(ratios[n]):.2f}) {statistics.median(cg_ratios[n]):17.3f}x  "
               f"{'yes' if b['opts'] == h['opts'] else 'no: ' + str(b['opts']) + ' -> ' + str(h['opts'])}")
+      for p in asts:
+        n = os.path.basename(p)
+        if n not in last: print(f"  {n}: only in one tree"); continue
+        b, h = last[n]
+        print(f"  {n}: codegen {1e3 * b['codegen_s']:.2f} -> {1e3 * h['codegen_s']:.2f} ms, base/this "
+              f"{statistics.median(cg_ratios[n]):.3f}x  {'same opts' if b['opts'] == h['opts'] else 'other opts'}")
   print("kernel base/this > 1: this tree's kernel is faster; ms columns are the last round's medians")
 
 if __name__ == "__main__":
