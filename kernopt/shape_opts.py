@@ -64,6 +64,13 @@ def _apply(k: LoopNest, opt: Opt) -> None:
       need(workgroup * amt <= k.opts.caps.max_local_size, f"workgroup of {workgroup * amt} threads exceeds "
                                                      f"{k.opts.caps.max_local_size}")
   _MOVES[opt.op](k, opt, axis, amt, need)
+  if opt.op is OptOps.PADTO and k.opts.caps.has_local:
+    # padding a local or grouped axis grows the workgroup (the GPU fuzzer's GROUP(0, 0) then PADTO(0, 3) of a
+    # 4096-element sum: 4098 threads, which the lowerer could not launch)
+    fr = k.first_reduce
+    workgroup = prod(k.full_shape[fr - k.local_dims:fr + k.group_for_reduces])
+    need(is_int(workgroup) and workgroup <= k.opts.caps.max_local_size,
+         f"workgroup of {workgroup} threads exceeds {k.opts.caps.max_local_size}")
   if k.simplify_ones() and k.tensor_core_opts is not None:
     k.tensor_core_opts = k.tensor_core_opts.fix_axes(axis)
   need(k.tensor_core is None or layout_intact(k, k.tensor_core),

@@ -120,6 +120,18 @@ def test_refused_opt_leaves_kernel_unchanged(build, dialect, setup, opt, msg):
     k.apply_opt(opt)
   assert state(k) == before == state(snapshot)
 
+def test_padto_that_grows_the_workgroup_past_the_device_is_refused():
+  """The GPU fuzzer (FUZZ_SEED=7 on PoCL, 4096 threads a group): a whole-axis GROUP of 4096 threads then PADTO by 3
+  made a group of 4098, which the lowerer could not launch; PADTO now checks the workgroup as LOCAL and GROUP do."""
+  from kernopt.renderers.opencl import OpenCLRenderer
+  k = Kernel(sum_axis(1, (4, 1024)), opts=OpenCLRenderer(max_local_size=1024))
+  k.apply_opt(Opt(G, 0, 0))
+  before = state(k)
+  with pytest.raises(KernelOptError, match="workgroup of 1026 threads exceeds 1024"): k.apply_opt(Opt(PADTO, 1, 3))
+  assert state(k) == before
+  k.apply_opt(Opt(PADTO, 0, 8))   # a global axis: the workgroup stays 1024
+  assert k.full_shape[:2] == (8, 1024)
+
 @pytest.mark.parametrize("args,msg", [((TC, -1, 0), "axis must be None or a non-negative int"),
   ((U, -1, 4), "axis must be"), ((U, "0", 4), "axis must be .* str '0'"), ((U, True, 4), "axis must be .* bool"),
   ((U, 0, -1), "amt must be"), ((U, 0, 2.0), "amt must be .* float"), ((U, 0, 2**31), "amt must be"),
