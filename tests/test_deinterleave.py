@@ -1,7 +1,9 @@
 """Stride-2 gathers as two vector loads and a shuffle (kernopt/passes/deinterleave.py, caps.deinterleave, native
 profile): every lane of the rewritten vector reads the element its scalar load read, the two loads stay inside the
 lanes' own span (checked on the index math), and the kernels run bit for bit as without the pass and against numpy at
-widths 4, 8 and 16 (pinned renderers), including gathers whose last lane is the buffer's last element."""
+widths 4, 8 and 16 (pinned renderers), including gathers whose last lane is the buffer's last element and gathers of
+a padded window's gated lanes (two masked loads that open only the lanes' elements, each where its lane's gate
+holds)."""
 from dataclasses import replace
 import numpy as np
 import pytest
@@ -52,7 +54,40 @@ def test_each_lane_reads_the_element_its_scalar_load_read_and_no_further(w):
 
 def test_other_strides_and_gated_lanes_stay_gathers():
   uops = _before_pass(get("conv2d", "small").ast, 8)   # stride 1 (and padded): nothing to deinterleave
-  assert deinterleave(uops) == uops
+  assert deinterleave(uops) == uops and deinterleave(uops, masked=True) == uops
+  s2 = _before_pass(get("conv2d_s2", "large").ast, 16)   # padded at stride 2: gated lanes stay gathers unless masked
+  gated = [u for u in s2 if stride2_lanes(u, masked=True) is not None and stride2_lanes(u) is None]
+  assert gated and all(stride2_lanes(u) is None for u in deinterleave(s2) if u in gated)
+
+@needs_cc
+@pytest.mark.parametrize("w", WIDTHS)
+def test_gated_stride2_lanes_are_two_masked_loads_bit_for_bit(w):
+  """The reference's padded stride-2 conv (16x32x32, 3x3, stride 2, padding 1): its window rows' gathers, gated by the
+  padding, become two masked vector loads (LOAD with an int32 lane mask) and a shuffle, without the gathers left;
+  the results are bit for bit those of the gathered lanes (the pass off) and numpy's."""
+  from catalogue import conv2d_s2_ast
+  N, C, H, W, CO = 1, 16, 32, 32, 16
+  rng = np.random.default_rng(w)
+  x, wgt = rng.standard_normal((N, C, H, W), np.float32), rng.standard_normal((CO, C, 3, 3), np.float32)
+  xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+  want = sum(np.einsum("nchw,oc->nohw", xp[:, :, ky:ky + H:2, kx:kx + W:2], wgt[:, :, ky, kx]) for ky in range(3)
+             for kx in range(3))
+  outs = []
+  for on in (False, True):
+    dev = _device(w, on)
+    k = Kernel(conv2d_s2_ast(N, C, H, W, CO), opts=dev.renderer).required_optimizations()
+    k.hand_coded_optimizations()
+    prg = k.to_program()
+    masked = [u for u in prg.uops if u.op is UOps.LOAD and len(u.src) == 3 and u.src[2].dtype == dtypes.int32 and
+              u.dtype.count == w]
+    shuffles = [u for u in prg.uops if u.op is UOps.VECTORIZE and u.src and all(s.op is UOps.GEP for s in u.src)]
+    assert bool(shuffles and {s.src[0] for v in shuffles for s in v.src} & set(masked)) == on
+    out = Buffer(dev, want.size, dtypes.float)
+    dev.compile(prg)(out, Buffer(dev, x.size, dtypes.float).copyin(x), Buffer(dev, wgt.size, dtypes.float).copyin(wgt),
+                     wait=True)
+    outs.append(out.numpy())
+  assert outs[0].tobytes() == outs[1].tobytes()
+  np.testing.assert_allclose(outs[1].reshape(want.shape), want, rtol=1e-4, atol=1e-4)
 
 @needs_cc
 @pytest.mark.parametrize("w", WIDTHS)

@@ -43,7 +43,8 @@ def passes_for(renderer: Any) -> tuple[Pass, ...]:
   if c.vector_width > 1:
     ret.append(Pass("vectorize", vectorize, (("width", c.vector_width), ("masked", c.masked_loads),
                                              ("fallback", half_width(c.vector_width)))))
-  if c.deinterleave and c.vector_width > 1: ret.append(Pass("deinterleave", deinterleave))
+  if c.deinterleave and c.vector_width > 1:
+    ret.append(Pass("deinterleave", deinterleave, (("masked", c.masked_loads),)))
   if c.parallel != "none": ret.append(Pass("parallel", parallel, (("min_work", c.min_parallel_work),)))
   if c.reduce_block: ret.append(Pass("reduce_blocking", reduce_blocking, (("steps", c.reduce_block),)))
   if c.panel_elements: ret.append(Pass("panel_packing", panel_packing, (("max_elements", c.panel_elements),)))

@@ -43,17 +43,17 @@ def masked_load_mask(members: tuple[UOp, ...]) -> UOp:
   return lane_mask(tuple(None if len(m.src) == 2 else m.src[2] for m in members))
 
 def lane_mask(gates: tuple[Optional[UOp], ...]) -> UOp:
-  """int32 lane mask of lanes gated by `gates` (None: ungated): the ungated lanes' bits plus, per distinct gate,
-  CAST(gate) * its lanes' bits. When every lane is gated and the gates share a conjunct c (a padded window's row
-  check, shared by the lanes of one image row, whose first and last lanes add a column check), the mask is WHERE(c,
-  the bits of the gates with c taken off, 0): the bits under c depend only on the column checks, which a C compiler
-  hoists out of the reduce loops, and the row check costs one select (the reference's conv 64x56, 1 thread, Zen 3:
-  1.04x)."""
+  """int32 lane mask of lanes gated by `gates` (None or a true constant: open; a false constant: closed): the open
+  lanes' bits plus, per distinct gate, CAST(gate) * its lanes' bits. When every lane is gated and the gates share a
+  conjunct c (a padded window's row check, shared by the lanes of one image row, whose first and last lanes add a
+  column check), the mask is WHERE(c, the bits of the gates with c taken off, 0): the bits under c depend only on the
+  column checks, which a C compiler hoists out of the reduce loops, and the row check costs one select (the
+  reference's conv 64x56, 1 thread, Zen 3: 1.04x)."""
   fixed = 0
   per_gate: dict[UOp, int] = {}
   for lane, g in enumerate(gates):
-    if g is None: fixed |= 1 << lane
-    else: per_gate[g] = per_gate.get(g, 0) | 1 << lane
+    if g is None or (g.op is _CONST and g.arg): fixed |= 1 << lane
+    elif g.op is not _CONST: per_gate[g] = per_gate.get(g, 0) | 1 << lane   # (a false constant: the lane is closed)
   if fixed or len(per_gate) < 2: return _lane_bits(fixed, per_gate)
   distinct = list(per_gate)
   others = [set(_conjuncts(g)) for g in distinct[1:]]
