@@ -192,12 +192,19 @@ def _exp2_helper(name: str, ft: str, it: str, n: int, fma: Optional[str] = None)
     masked = [f"#if defined(__x86_64__) && defined({isa})", f"  {ft} c = {hi};", "#else", *masked, "#endif"]
   # h = floor(n / 2) by a shift where the scalar truncates: either split keeps p * 2^h a normal float, so the one
   # rounding of (p * 2^h) * 2^(n-h) gives the same bits
-  return "\n".join([
-    f"static inline {ft} {name}({ft} x) {{", *masked, f"  {it} nan = x != x;",
-    f"  {ft} z = ({ft})(~nan & ({it})c), r = (z + 12582912.0f) - 12582912.0f, f = c - r;",
-    f"  {it} n = __builtin_convertvector(r, {it}), h = n >> 1;",
-    f"  {ft} p = {_exp2_poly(fma, ft)};",
-    f"  return (p * ({ft})((h + 127) << 23)) * ({ft})((n - h + 127) << 23);", "}"])
+  split = [f"  {it} nan = x != x;",
+           f"  {ft} z = ({ft})(~nan & ({it})c), r = (z + 12582912.0f) - 12582912.0f, f = c - r;",
+           f"  {it} n = __builtin_convertvector(r, {it}), h = n >> 1;",
+           f"  {ft} p = {_exp2_poly(fma, ft)};",
+           f"  return (p * ({ft})((h + 127) << 23)) * ({ft})((n - h + 127) << 23);"]
+  if n in _SCALEF:
+    # AVX-512's vscalefps is p * 2^r in one correctly rounded step, the two exact powers' result: no int lanes,
+    # and a NaN needs no zeroing (no conversion to int); 9 ops fewer (the softmax exp kernel at width 16)
+    call, isa = _SCALEF[n]
+    split = [f"#if defined(__x86_64__) && defined({isa})",
+             f"  {ft} r = (c + 12582912.0f) - 12582912.0f, f = c - r;", f"  {ft} p = {_exp2_poly(fma, ft)};",
+             f"  return {call.format(a='p', b='r')};", "#else", *split, "#endif"]
+  return "\n".join([f"static inline {ft} {name}({ft} x) {{", *masked, *split, "}"])
 
 # x86 lane-wise min(a, b) and max(a, b) of n floats, each b where either is NaN: (min, max, ISA macro); AVX-512's
 # with every lane of the write mask set and the current rounding (the softmax exp kernel at width 16: 2 ops, not 7)
@@ -205,6 +212,11 @@ _MINMAX = {4: ("__builtin_ia32_minps({a}, {b})", "__builtin_ia32_maxps({a}, {b})
            8: ("__builtin_ia32_minps256({a}, {b})", "__builtin_ia32_maxps256({a}, {b})", "__AVX__"),
            16: ("__builtin_ia32_minps512_mask({a}, {b}, {a}, (uint16_t)-1, 4)",
                 "__builtin_ia32_maxps512_mask({a}, {b}, {a}, (uint16_t)-1, 4)", "__AVX512F__")}
+
+# AVX-512 a * 2^floor(b) of n floats, rounded once: (builtin call, ISA macro)
+_SCALEF = {4: ("__builtin_ia32_scalefps128_mask({a}, {b}, {a}, (uint8_t)-1)", "__AVX512VL__"),
+           8: ("__builtin_ia32_scalefps256_mask({a}, {b}, {a}, (uint8_t)-1)", "__AVX512VL__"),
+           16: ("__builtin_ia32_scalefps512_mask({a}, {b}, {a}, (uint16_t)-1, 4)", "__AVX512F__")}
 
 def _native_exp2(r: Any, dt: DType, x: str) -> str:
   if not dtypes.is_float(dt): raise UnsupportedError(f"{r.dialect_name} has no exp2 on {dt}")
