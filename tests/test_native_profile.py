@@ -89,7 +89,7 @@ def test_cpu_march_knob_reaches_compiler_and_renderer():
 def test_native_capabilities():
   r = NativeCRenderer(vector_width=16, threads=4)
   caps = r.capabilities()
-  assert caps["vector_width"] == 16 and caps["threads"] == 4 and caps["max_upcast"] == 32
+  assert caps["vector_width"] == 16 and caps["threads"] == 4 and caps["max_upcast"] == 64   # a four-vector matmul tile
   assert R8.caps.max_upcast == 16 and R8.caps.heuristics == "cpu_native" and not R8.caps.has_local
   with pytest.raises(UnsupportedError): NativeCRenderer(vector_width=6)
   with pytest.raises(UnsupportedError): NativeCRenderer(parallel="mpi")
@@ -103,11 +103,14 @@ def test_static_profile_is_the_spec():
 # ***** heuristics *****
 
 def test_matmul_register_tile():
-  """4 rows x 2 vectors of accumulators (8 of AVX2's 16 registers; 6 rows where 6 divides them, cpu.six_rows), 8 rows
-  x 2 at width 16 (16 of AVX-512's 32): B's row streams contiguously, A's element is broadcast."""
+  """4 rows x 2 vectors of accumulators (8 of AVX2's 16 registers; 6 rows where 6 divides them, cpu.six_rows); at
+  width 16 (16 of AVX-512's 32) 4 rows x 4 vectors where 64 divides the columns, else 8 rows x 2: B's row streams
+  contiguously, A's element is broadcast."""
   assert opts_of(protocol(get("matmul_1024", "large").ast, R8)) == [("UPCAST", 1, 16), ("UPCAST", 0, 4)]
   r16 = NativeCRenderer(vector_width=16, threads=2)
-  assert opts_of(protocol(get("matmul_1024", "large").ast, r16)) == [("UPCAST", 1, 32), ("UPCAST", 0, 8)]
+  assert opts_of(protocol(get("matmul_1024", "large").ast, r16)) == [("UPCAST", 1, 64), ("UPCAST", 0, 4)]
+  from catalogue import _matmul_ast
+  assert opts_of(protocol(_matmul_ast(256, 96, 64), r16)) == [("UPCAST", 1, 32), ("UPCAST", 0, 8)]
 
 def test_elementwise_one_vector():
   assert opts_of(protocol(get("add").ast, R8)) == [("UPCAST", 0, 8)]

@@ -141,7 +141,9 @@ def native_capabilities(vector_width: Optional[int] = None, threads: Optional[in
   # window row as two vector loads and a shuffle (pinned, gcc shuffles them instead of reloading lanes);
   # stream_stores: big elementwise outputs written with non-temporal stores (`streams`), fenced before the kernel
   # returns
-  return replace(CRenderer.caps, heuristics="cpu_native", vector_width=width, max_upcast=max(8, 2 * width),
+  # max_upcast: a matmul tile of two vectors, of four where 32 vector registers hold 16 accumulators (width 16)
+  return replace(CRenderer.caps, heuristics="cpu_native", vector_width=width,
+                 max_upcast=max(8, (4 if width >= 16 else 2) * width),
                  march=isa.march, isa_vector_width=isa.vector_width, threads=n, parallel=parallel if n > 1 else "none",
                  schedule="static", min_parallel_work=min_parallel_work, interchange=True,
                  pin_loads=_VECTOR_REG.get(platform.machine().lower()), masked_loads=True, masked_stores=True,
