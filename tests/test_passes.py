@@ -340,3 +340,28 @@ def test_masked_load_mask_sets_exactly_the_open_lanes_bits(shape):
     env = dict(zip(leaves, vals))
     want = sum(1 << lane for lane, g in enumerate(gates) if g is None or _eval_int(g, env))
     assert _eval_int(mask, env) == want, (shape, vals)
+
+def test_define_before_use_moves_a_value_read_before_its_place():
+  """A value read before its place (a lane mask a pass built from UOps the list holds further down) moves up to just
+  before its first reader, sources first; the later place keeps no second copy where the moved one is visible, and
+  keeps one inside a sibling block; a list with no such read comes back as it was."""
+  from kernopt.passes.lists import define_before_use
+  from kernopt.uops import UOp, UOps
+  i32 = dtypes.int32
+  g = UOp(UOps.DEFINE_GLOBAL, dtypes.float32, (), (0, "data0", True))
+  r = UOp(UOps.RANGE, i32, (UOp.const(i32, 0), UOp.const(i32, 4)), (0, False))
+  c = UOp(UOps.CAST, i32, (r,))
+  m = UOp(UOps.ALU, i32, (c, UOp.const(i32, 3)), BinaryOps.MUL)
+  ld = UOp(UOps.LOAD, dtypes.float32, (g, r, m))
+  st = UOp(UOps.STORE, None, (g, r, ld, m))
+  end = UOp(UOps.ENDRANGE, None, (r,))
+  bad = [g, UOp.const(i32, 0), UOp.const(i32, 4), r, ld, UOp.const(i32, 3), c, m, st, end]
+  out = define_before_use(bad)
+  assert out.index(c) < out.index(m) < out.index(ld) < out.index(st) and out.count(m) == 1 and out.count(c) == 1
+  assert define_before_use(out) == out
+  # the first reader inside an IF, the old place after its ENDIF: the old place keeps its copy
+  cond = UOp(UOps.IF, None, (UOp.const(dtypes.bool, True),))
+  sib = [g, UOp.const(i32, 0), UOp.const(i32, 4), r, cond, ld, UOp(UOps.ENDIF, None, (cond,)), UOp.const(i32, 3), c, m,
+         st, end]
+  out = define_before_use(sib)
+  assert out.count(m) == 2 and out.index(m) < out.index(ld) and out.index(c) < out.index(m)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 from kernopt.dtype import ImageDType, dtypes
 from kernopt.ops import BinaryOps, TernaryOps
-from kernopt.passes.lists import replace_uops
+from kernopt.passes.lists import define_before_use, replace_uops
 from kernopt.passes.load_masks import lane_mask, maskable
 from kernopt.passes.vectorize import base_offset, drop_dead
 from kernopt.uops import UOp, UOps
@@ -70,7 +70,7 @@ def deinterleave(uops: Sequence[UOp], masked: bool = False) -> list[UOp]:
   for u in uops:   # at every place u is (the vectorize pass emits a gather again in a sibling IF block)
     if u in before: out.extend(before[u])
     out.append(u)
-  return drop_dead(replace_uops(out, repl))
+  return drop_dead(define_before_use(replace_uops(out, repl)))
 
 def _ops(x: UOp, listed: set[UOp]) -> list[UOp]:
   """The UOps of x not in `listed`, sources first (a lane mask's arithmetic; its gates are listed already)."""

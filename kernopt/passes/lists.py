@@ -1,5 +1,6 @@
 """What the passes share on linearized UOp lists: where each loop ends, the kernel axis a loop walks, the tile nests,
-the value of index math at given loop indices, the index math a value needs, and a list with some UOps replaced.
+the value of index math at given loop indices, the index math a value needs, a list with some UOps replaced, and a
+list whose values are all defined before they are read.
 Imports ops and uops."""
 from __future__ import annotations
 from typing import Optional, Sequence
@@ -94,4 +95,36 @@ def replace_uops(uops: Sequence[UOp], repl: dict[UOp, UOp]) -> list[UOp]:
         out.append(n)
         break
     else: out.append(u)
+  return out
+
+_MOVABLE = frozenset((UOps.ALU, UOps.CAST, UOps.BITCAST, UOps.CONST))
+
+def define_before_use(uops: Sequence[UOp]) -> list[UOp]:
+  """uops with each pure value (ALU, CAST, CONST) that a UOp reads before the value's place moved up to just before
+  that first reader, its own sources first; where the moved copy is not visible at the old place (a sibling IF or loop
+  block), it stays there too. A pass that builds a lane mask out of UOps already in the list (a masked load whose mask
+  the lowerer also built for a masked store further down) makes such reads; the list is unchanged when it has none."""
+  first: dict[UOp, int] = {}
+  for i, u in enumerate(uops): first.setdefault(u, i)
+  # (a reduce RANGE is named by its accumulators before the loop opens: never moved)
+  if all(first[s] < i for i, u in enumerate(uops) for s in u.src if s in first and s.op is not _RANGE):
+    return list(uops)
+  out: list[UOp] = []
+  moved: dict[UOp, tuple[UOp, ...]] = {}   # a value emitted early -> the scope it was emitted in
+  done: set[UOp] = set()
+  scope: tuple[UOp, ...] = ()
+  def ensure(s: UOp, at: int) -> None:
+    if s in done or s.op is _RANGE or first.get(s, -1) < at: return
+    assert s.op in _MOVABLE, f"{s.op} read before its place"
+    for x in s.src: ensure(x, at)
+    out.append(s)
+    done.add(s)
+    moved[s] = scope
+  for i, u in enumerate(uops):
+    if u.op is UOps.ENDRANGE or u.op is UOps.ENDIF: scope = scope[:-1]
+    if (sc := moved.get(u)) is not None and scope[:len(sc)] == sc: continue   # the early copy is visible here
+    for s in u.src: ensure(s, i)
+    out.append(u)
+    done.add(u)
+    if u.op is _RANGE or u.op is UOps.IF: scope = scope + (u,)
   return out

@@ -6,12 +6,13 @@ scalar lanes nothing reads any more are dropped. A VECTORIZE gathering a packed 
 kernopt.lower_vectors, leaves guarded lanes for this pass: the masked load's mask is spelled after the simplifier) is
 that load's vector. Accumulators of a reduce unrolled along a vector load's run (dot lanes: lane t adds
 a[k+t] * b[...]) become one vector accumulator, their other operand gathered. Works on a linearized UOp list and
-returns one. Imports dtype, ops, passes.load_masks and uops."""
+returns one. Imports dtype, ops, passes.lists, passes.load_masks and uops."""
 from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
+from kernopt.passes.lists import define_before_use
 from kernopt.passes.load_masks import maskable, masked_load_mask
 from kernopt.uops import UOp, UOps
 
@@ -570,4 +571,4 @@ def vectorize(uops: Sequence[UOp], width: int, masked: bool = False, fallback: i
   p = _Packer(uops, width, masked)
   out = p.pack()
   if out is uops and fallback >= 2: out = p.reset(fallback).pack()
-  return out if out is uops else drop_dead(out)
+  return out if out is uops else drop_dead(define_before_use(out))
