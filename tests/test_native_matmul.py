@@ -141,12 +141,7 @@ def test_six_row_tiles(w, M, N, K):
   six = w < 16 and M % 6 == 0
   assert (ups[:2] == [(OptOps.UPCAST, 6), (OptOps.UPCAST, 2 * w)]) == six, k.applied_opts
   assert not padded_rows, k.applied_opts
-  rng = np.random.default_rng(M * N + w)
-  a, b = rng.standard_normal((M, K), np.float32), rng.standard_normal((K, N), np.float32)
-  out, ba, bb = Buffer("CPU", M * N, dtypes.float), Buffer("CPU", M * K, dtypes.float).copyin(a.ravel()), \
-    Buffer("CPU", K * N, dtypes.float).copyin(b.ravel())
-  dev.compile(k.to_program())(out, ba, bb, wait=True)
-  np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+  _matches_numpy(dev, k.to_program(), M, N, K, np.random.default_rng(M * N + w))
 
 @needs_cc
 def test_six_row_tiles_on_random_shapes():
@@ -168,13 +163,16 @@ def test_six_row_tiles_on_random_shapes():
     else: k = protocol(_matmul_ast(M, N, K), dev.renderer)
     prg = k.to_program()
     seen_split += any(u.op is UOps.RANGE and isinstance(u.arg[0], tuple) and u.arg[0][1] == 0 for u in prg.uops)
-    a, b = rng.standard_normal((M, K), np.float32), rng.standard_normal((K, N), np.float32)
-    out, ba, bb = Buffer("CPU", M * N, dtypes.float), Buffer("CPU", M * K, dtypes.float).copyin(a.ravel()), \
-      Buffer("CPU", K * N, dtypes.float).copyin(b.ravel())
-    dev.compile(prg)(out, ba, bb, wait=True)
-    np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4,
-                               err_msg=f"{M}x{N}x{K} {k.applied_opts} {dev.renderer.caps.vector_width}")
+    _matches_numpy(dev, prg, M, N, K, rng, f"{M}x{N}x{K} {k.applied_opts} {dev.renderer.caps.vector_width}")
   assert seen_split, "no shape took the split tile loop"
+
+def _matches_numpy(dev, prg, M, N, K, rng, msg=""):
+  """prg, an M x K by K x N matmul, run on dev on standard normal inputs from rng equals numpy's float64 product."""
+  a, b = rng.standard_normal((M, K), np.float32), rng.standard_normal((K, N), np.float32)
+  out, ba, bb = Buffer("CPU", M * N, dtypes.float), Buffer("CPU", M * K, dtypes.float).copyin(a.ravel()), \
+    Buffer("CPU", K * N, dtypes.float).copyin(b.ravel())
+  dev.compile(prg)(out, ba, bb, wait=True)
+  np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4, err_msg=msg)
 
 # ***** PADTO'd columns: the tile stays vectors, its last columns stored through a lane mask *****
 
@@ -183,13 +181,7 @@ def _mm(dev, M, N, K, opts, seed):
   k = Kernel(_matmul_ast(M, N, K), opts=dev.renderer).required_optimizations()
   for o in opts: k.apply_opt(o)
   prg = k.to_program()
-  rng = np.random.default_rng(seed)
-  a, b = rng.standard_normal((M, K), np.float32), rng.standard_normal((K, N), np.float32)
-  out, ba, bb = Buffer("CPU", M * N, dtypes.float), Buffer("CPU", M * K, dtypes.float).copyin(a.ravel()), \
-    Buffer("CPU", K * N, dtypes.float).copyin(b.ravel())
-  dev.compile(prg)(out, ba, bb, wait=True)
-  np.testing.assert_allclose(out.numpy().reshape(M, N), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4,
-                             err_msg=f"{M}x{N}x{K} {opts}")
+  _matches_numpy(dev, prg, M, N, K, np.random.default_rng(seed), f"{M}x{N}x{K} {opts}")
   return prg
 
 @needs_cc
