@@ -3,12 +3,15 @@ native CPU). An upcast axis j of the kernel is the vector axis: each aligned run
 vector UOp where the vectorize pass (kernopt/passes/vectorize.py) would pack the W scalar lanes of the same op: a
 float32 load or store of unit stride along j, the ADD/MUL/MAX between such values and values uniform over a group
 (broadcast), and the accumulators, updates and PHIs of a reduce over loops (or over the vector axis too: its lanes are
-combined after the loop). A guarded (padded) load's lanes stay scalar, gathered by a VECTORIZE the vectorize pass
-turns into its masked vector load. Everything else keeps its scalar lanes, and the vectorize pass still runs after
-(it finds nothing left to pack in what is lowered as vectors).
+combined after the loop). A guarded (padded) load is one masked vector load per group where the profile has them
+(caps.masked_loads: the lanes' gates as an int32 lane mask, which the borders pass folds in a window's interior),
+else its lanes stay scalar, gathered by a VECTORIZE. Everything else keeps its scalar lanes, and the vectorize pass
+still runs after (it finds nothing left to pack in what is lowered as vectors).
 
-The rendered source must be the one the vectorize pass makes of the scalar lanes, so the list must be its list (up
-to where constants and single-read broadcasts sit: both are spelled inline). `plan` decides per AST node (vector,
+The rendered source must compute what the vectorize pass makes of the scalar lanes, lane for lane the same ops in the
+same order; it is that source byte for byte except where lanes are gated one by one (a masked load's or store's lane
+mask is built here, before the simplifier, there after it, and the linearizer places it), so the list must be the
+pass's list (up to where constants and single-read broadcasts sit: both are spelled inline). `plan` decides per AST node (vector,
 uniform or scalar lanes) and keeps scalar lanes wherever packing is not certain (Scalar: the whole kernel). The
 linearizer orders by a depth-first walk from the SINK, which on scalar lanes meets the lanes one output lane after
 another, and the pass puts a packed op at its last lane: `order_hints` computes that order and `vector_sink` lists
@@ -63,8 +66,7 @@ def plan(lw: Any, ast: LazyOp) -> Optional[VectorPlan]:
                                     (x.arg.idx < 0 or isinstance(x.arg.dtype, ImageDType))) or
          (x.op is ReduceOps.SUM and x.dtype in (dtypes.half, dtypes.bfloat16)) for x in ast.lazyops):
     return None   # (a storage-float SUM accumulates in float: lower_reduce does it on scalar lanes)
-  # (padded loads become VECTORIZEs of their gated lanes: the borders pass reads the lanes' gates, vectorize packs
-  # them into one masked load)
+  # (padded loads become masked vector loads, or VECTORIZEs of their gated lanes: the borders pass reads the gates)
   cands = [j for j, s in enumerate(lw.up_sizes) if s % w == 0]
   if not cands and (h := half_width(w)):
     # the vectorize pass's fallback width (AVX-512's 8-lane vectors: a 56-wide conv row's half-width tile), unless
@@ -380,6 +382,7 @@ def may_fold(u: UOp, memo: dict[UOp, bool]) -> bool:
 class VectorLowering:
   """The vector loads, stores and ALU ops of `kernopt.lowerer._Lowerer` (which sets these attributes)."""
   vp: Optional[VectorPlan]
+  opts: Any
   idx_dt: DType
   up_vars: dict[Variable, int]
   lanes: list[tuple[int, ...]]
@@ -408,14 +411,31 @@ class VectorLowering:
     return [self.offset_index(base, b, o) for o in first_offsets(self.lanes, vp.groups, strides)]
 
   def _vector_load(self, x: LazyOp) -> Vecs:
-    """Each group's vector LOAD; where lanes are guarded (padding), the VECTORIZE of the guarded scalar lanes: the
-    vectorize pass packs those into its masked vector load (its mask must be spelled after the simplifier ran)."""
+    """Each group's vector LOAD. Where lanes are guarded (padding) and the profile has masked loads, the masked
+    vector LOAD(buf, index, int32 lane mask), bit t set where lane t's guard holds (passes.load_masks.lane_mask; the
+    borders pass folds the mask to every lane open in a window's interior: a plain load); else the VECTORIZE of the
+    guarded scalar lanes, which the vectorize pass gathers."""
     vp = self.vp
     assert vp is not None
     vdt = x.arg.dtype.vec(vp.w)
-    if not isinstance(self.node_expr(x)[1], NumNode):
-      lanes = self._scalar_load(x)
-      return Vecs([UOp(_VECTORIZE, vdt, tuple(lanes[m] for m in g)) for g in vp.groups])
+    if not isinstance(valid := self.node_expr(x)[1], NumNode):
+      if not self.opts.caps.masked_loads:
+        lanes = self._scalar_load(x)
+        return Vecs([UOp(_VECTORIZE, vdt, tuple(lanes[m] for m in g)) for g in vp.groups])
+      gates = self.per_lane(valid, True)
+      buf = self._buf(x.arg)
+      zero = UOp(_VECTORIZE, vdt, (UOp.const(x.arg.dtype, 0.0),) * vp.w)
+      loads: dict[tuple[UOp, tuple], UOp] = {}   # groups along other upcast axes share their lanes' gates
+      out = []
+      for g, i in zip(vp.groups, self._vector_index(x)):
+        lane_gates = tuple(None if (u := gates[m]).op is _CONST and u.arg else u for m in g)
+        if (ld := loads.get((i, lane_gates))) is None:
+          if all(u is None for u in lane_gates): ld = UOp(_LOAD, vdt, (buf, i))
+          elif all(u is not None and u.op is _CONST for u in lane_gates): ld = zero   # every lane closed
+          else: ld = UOp(_LOAD, vdt, (buf, i, lane_mask(lane_gates)))
+          loads[(i, lane_gates)] = ld
+        out.append(ld)
+      return Vecs(out)
     buf = self._buf(x.arg)
     return Vecs([UOp(_LOAD, vdt, (buf, i)) for i in self._vector_index(x)])
 

@@ -162,6 +162,11 @@ def load_valid(ld: UOp, buf: UOp, idx: UOp, v: UOp, alt: UOp) -> UOp:
   if alt.dtype == ld.dtype: return alt
   return UOp(UOps.VECTORIZE, ld.dtype, (alt,) * ld.dtype.count)  # type: ignore[union-attr]
 
+def masked_load_const(ld: UOp, buf: UOp, idx: UOp, m: UOp) -> Optional[UOp]:
+  assert ld.dtype is not None
+  if m.arg == (1 << ld.dtype.count) - 1: return UOp(UOps.LOAD, ld.dtype, (buf, idx))
+  return UOp(UOps.VECTORIZE, ld.dtype, (UOp.const(ld.dtype.scalar(), 0.0),) * ld.dtype.count) if m.arg == 0 else None
+
 def _is_where_guard(idx: UOp, v: UOp) -> bool:
   return idx.op is UOps.ALU and idx.arg is TernaryOps.WHERE and idx.src[0] is v
 
@@ -228,6 +233,9 @@ RULES: list[Rule] = [
   # a guarded LOAD with a constant guard is a plain LOAD or its alternative value
   (UPat(UOps.LOAD, src=(UPat(name="buf"), UPat(name="idx"), UPat(UOps.CONST, name="v"), UPat(name="alt")), name="ld"),
    load_valid),
+  # a masked vector LOAD whose lane mask is constant: every lane open is a plain LOAD, none open is +0.0
+  (UPat(UOps.LOAD, src=(UPat(name="buf"), UPat(name="idx"), UPat(UOps.CONST, name="m", dtype="int")), name="ld"),
+   masked_load_const),
   # a guarded STORE with a true guard (a masked one with every lane open) is a plain STORE
   (UPat(UOps.STORE, src=(UPat(name="buf"), UPat(name="idx"), UPat(name="val"), UPat(UOps.CONST, name="v"))),
    store_valid),

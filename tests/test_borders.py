@@ -140,7 +140,7 @@ def test_rule_choices():
   assert two_tiles is not None and two_tiles.ungated < two_tiles.gated and not wants_interior(two_tiles)
   # an elementwise pad: one gated load per store, memory-bound
   pad = linearized(get("pad", "large").ast, 8)
-  assert (plan := interior(pad)) is None or not wants_interior(plan)
+  assert (pad_plan := interior(pad)) is None or not wants_interior(pad_plan)
   before = list(big)
   assert borders(pad) == pad and borders(tuple(big)) == split_borders(big) != big and big == before   # pure
   # the thresholds, on the same plan: its interior share and its size

@@ -12,6 +12,7 @@ from typing import Callable, Optional, Sequence
 from kernopt.dtype import dtypes
 from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
 from kernopt.passes.interchange import interchanged
+from kernopt.passes.lists import masked_load
 from kernopt.uopgraph import vmax, vmin
 from kernopt.uops import UOp, UOps
 
@@ -132,9 +133,19 @@ def _visible(uops: list[UOp], end: int) -> tuple[tuple[UOp, ...], list[UOp]]:
 
 def _const_range(r: UOp) -> bool: return all(s.op is _CONST and type(s.arg) is int for s in r.src)
 
+def _gated(u: UOp) -> bool:
+  """A gated load: LOAD(buf, index, gate, alternative), or a masked vector LOAD(buf, index, int32 lane mask)."""
+  return u.op is _LOAD and len(u.src) == 4 or masked_load(u)
+
+def _load_gates(u: UOp) -> list[UOp]:
+  """The gates of gated load u: its gate, or those its lane mask is built of."""
+  return [u.src[2]] if len(u.src) == 4 else _store_gates(u.src[2])
+
+def _lanes(u: UOp) -> int: return u.dtype.count if u.dtype is not None else 1
+
 def _seed(u: UOp) -> bool:
   """What a versioned region is made of: accumulators, reduce loops, gated loads, and whatever reads them."""
-  return u.op is _ACC or (u.op is _RANGE and u.arg[1]) or (u.op is _LOAD and len(u.src) == 4)
+  return u.op is _ACC or (u.op is _RANGE and u.arg[1]) or _gated(u)
 
 def interior(uops: list[UOp]) -> Optional[Interior]:
   """The versioning plan of a linearized list, or None. The list needs exactly one innermost output loop (a non-reduce
@@ -149,8 +160,7 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   ends, scopes = _structure(uops)
   def inner(i: int) -> bool:
     body = uops[i + 1:ends.get(uops[i], i)]
-    return not any(v.op is _RANGE and not v.arg[1] for v in body) and \
-      any(v.op is _LOAD and len(v.src) == 4 for v in body)
+    return not any(v.op is _RANGE and not v.arg[1] for v in body) and any(_gated(v) for v in body)
   tiles = [i for i, u in enumerate(uops) if u.op is _RANGE and not u.arg[1] and inner(i)]
   if len(tiles) != 1: return None
   li = tiles[0]
@@ -163,10 +173,10 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   if any(u.op not in _REGION_OPS for u in region): return None
   outer = [r for r in scopes[li] + (loop,) if r.op is _RANGE and not r.arg[1] and _const_range(r)]
   memo: dict[UOp, Affine] = {}
-  gated = [u for u in region if u.op is _LOAD and len(u.src) == 4]
+  gated = [u for u in region if _gated(u)]
   # a gated store (a PADTO'd output axis) narrows the box like a load: its gate folds in the copy too
   ifs = [u.src[0] for u in region if u.op is _IF]
-  gates = [u.src[2] for u in gated] + [g for u in region if u.op is _STORE and len(u.src) == 4
+  gates = [g for u in gated for g in _load_gates(u)] + [g for u in region if u.op is _STORE and len(u.src) == 4
                                        for g in _store_gates(u.src[3])] + ifs
   atoms = {a: f for g in gates for a in _gate_atoms(g) if (f := _less_form(a, memo)) is not None}
   box: dict[UOp, tuple[int, int]] = {}
@@ -183,7 +193,8 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   folded = frozenset(a for a, (form, k) in atoms.items() if _span(form, box)[1] + k <= -1)
   # an IF of the region (the lowerer's block of a PADTO'd tile's edge stores) must vanish from the copy
   if not box or not folded or any(not all(a in folded for a in _gate_atoms(c)) for c in ifs): return None
-  ungated = sum(all(a in folded for a in _gate_atoms(u.src[2])) for u in gated)
+  # (a masked vector load counts its lanes, as a vector store does)
+  ungated = sum(_lanes(u) for u in gated if all(a in folded for g in _load_gates(u) for a in _gate_atoms(g)))
   # a box over enclosing loops only (a PADTO'd outer axis of an interchanged matmul tile) versions the tile loop whole:
   # its IF is met once per outer iteration, and the copy's tile loop is a plain nest that reduce blocking and panel
   # packing take (matmul 1000x1000x999 at width 8: PADTO 16 on the column tiles)
@@ -195,7 +206,7 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   order = {r: i for i, r in enumerate(outer)}
   lanes_stored = sum(u.src[2].dtype.count if u.src[2].dtype is not None else 1 for u in region if u.op is _STORE)
   return Interior(loop, start, le, tuple((c, lo, hi) for c, (lo, hi) in sorted(box.items(), key=lambda t: order[t[0]])),
-                  folded, len(gated), ungated, fraction, len(region), lanes_stored,
+                  folded, sum(_lanes(u) for u in gated), ungated, fraction, len(region), lanes_stored,
                   sum(u.op is _ACC for u in region))
 
 # ***** the rule: cpu.padded_interior, a pure function of the plan (docs/cpu.md, "Padded interiors") *****
@@ -219,7 +230,7 @@ def borders(uops: Sequence[UOp], min_interior: float = MIN_INTERIOR, max_version
   """The pass: uops with the padded loads of their tile loop versioned when wants_interior accepts the plan; else
   the list as it is. A list with no gated load is returned after one scan."""
   uops = list(uops)
-  if not any(u.op is _LOAD and len(u.src) == 4 for u in uops): return uops
+  if not any(_gated(u) for u in uops): return uops
   if (plan := interior(uops)) is None or not wants_interior(plan, min_interior, max_versioned): return uops
   return split_borders(uops, plan)
 
@@ -245,6 +256,9 @@ def _fold(u: UOp) -> UOp:
   elif u.op is _STORE and len(u.src) == 4 and u.src[3].op is _CONST and u.src[2].dtype is not None and \
       u.src[3].arg == (1 << u.src[2].dtype.count) - 1:
     return UOp(_STORE, u.dtype, u.src[:3])
+  elif u.op is _LOAD and len(u.src) == 3 and u.src[2].op is _CONST and u.dtype is not None and \
+      u.src[2].arg == (1 << u.dtype.count) - 1:   # a masked vector load with every lane open is a plain load
+    return UOp(_LOAD, u.dtype, u.src[:2])
   return u
 
 def _box_cond(box: Sequence[tuple[UOp, int, int]]) -> Optional[UOp]:

@@ -1,14 +1,20 @@
-"""What the passes share on linearized UOp lists: where each loop ends, the kernel axis a loop walks, the tile nests,
-the value of index math at given loop indices, the index math a value needs, a list with some UOps replaced, and a
-list whose values are all defined before they are read.
-Imports ops and uops."""
+"""What the passes share on linearized UOp lists: which loads are masked vector loads, where each loop ends, the
+kernel axis a loop walks, the tile nests, the value of index math at given loop indices, the index math a value needs,
+a list with some UOps replaced, and a list whose values are all defined before they are read.
+Imports dtype, ops and uops."""
 from __future__ import annotations
 from typing import Optional, Sequence
+from kernopt.dtype import dtypes
 from kernopt.ops import exec_alu
 from kernopt.uops import UOp, UOps
 
 _ALU, _CONST, _RANGE, _ENDRANGE, _DEFINE_VAR, _CAST = \
   UOps.ALU, UOps.CONST, UOps.RANGE, UOps.ENDRANGE, UOps.DEFINE_VAR, UOps.CAST
+
+def masked_load(u: UOp) -> bool:
+  """A masked vector LOAD(buf, index, int32 lane mask): lane t is read where bit t of the mask is set, +0.0
+  elsewhere (the lowerer's load of a padded window's or PADTO'd tile's gated lanes)."""
+  return u.op is UOps.LOAD and len(u.src) == 3 and u.src[2].dtype == dtypes.int32
 
 def ranges_of(uops: Sequence[UOp]) -> list[int]:
   """The positions of the RANGEs, in list order."""

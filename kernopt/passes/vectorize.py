@@ -556,6 +556,24 @@ def drop_dead(uops: list[UOp]) -> list[UOp]:
       live.update(u.src)
   return [u for u, k in zip(uops, keep) if k]
 
+def _has_run(uops: list[UOp], w: int) -> bool:
+  """Whether w scalar float loads, or w scalar float stores, of one global buffer and index base sit at consecutive
+  offsets: every group the packer finds grows from such a run (find_loads, seed_stores), so without one the list
+  has nothing to pack (a list the lowerer built as vectors: its scalar loads are broadcasts and strided weights)."""
+  offsets: dict[tuple[UOps, UOp, Optional[UOp]], set[int]] = {}
+  for u in uops:
+    op, src = u.op, u.src
+    if op is _LOAD:
+      if len(src) == 3 or not _vector_dtype(u.dtype) or not _plain_global(src[0]): continue
+    elif op is not _STORE or len(src) != 3 or not _vector_dtype(src[2].dtype) or not _plain_global(src[0]): continue
+    base, off = base_offset(src[1])
+    offsets.setdefault((op, src[0], base), set()).add(off)
+  for offs in offsets.values():
+    if len(offs) < w: continue
+    ks = sorted(offs)
+    if any(ks[i + w - 1] - ks[i] == w - 1 for i in range(len(ks) - w + 1)): return True
+  return False
+
 def half_width(width: int) -> int:
   """The narrower vectors a target of `width` lanes also has (an AVX-512 target's 8-lane ymm vectors), else 0:
   passes_for gives them to vectorize as its fallback, and the CPU heuristics tile a 56-wide conv row with them."""
@@ -567,7 +585,7 @@ def vectorize(uops: Sequence[UOp], width: int, masked: bool = False, fallback: i
   contiguous gated loads (padding) become one masked vector LOAD (buf, lane 0's index, int32 lane mask) instead of a
   gather; the renderer must know that form."""
   uops = list(uops)
-  if width < 2: return uops
+  if width < 2 or not _has_run(uops, min(width, fallback) if fallback >= 2 else width): return uops
   p = _Packer(uops, width, masked)
   out = p.pack()
   if out is uops and fallback >= 2: out = p.reset(fallback).pack()

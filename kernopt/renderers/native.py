@@ -529,6 +529,9 @@ def native_context(uops: list[UOp], parallel: str) -> NativeContext:
   inner = collapsed_loop(uops, loop) if loop is not None and parallel == "pthread" else None
   return NativeContext(loop=loop, inner=inner, blocks=blocks, stream=stream)
 
+# what may sit between two loops split as one: index math, and the CASTs of a lane mask's gates
+_INDEX_MATH = (UOps.ALU, UOps.CONST, UOps.CAST)
+
 def collapsed_loop(uops: list[UOp], rng: UOp) -> Optional[UOp]:
   """The loop directly inside parallel loop rng that the pthread pool splits together with it (one flat index over
   both), so a short outer loop (conv's 16 channel tiles) still gives every thread many small chunks: a non-reduce
@@ -536,7 +539,7 @@ def collapsed_loop(uops: list[UOp], rng: UOp) -> Optional[UOp]:
   (whose iterations depend on each other through memory)."""
   if any(s.op is not UOps.CONST for s in rng.src): return None
   i0 = uops.index(rng)
-  i1 = next((i for i in range(i0 + 1, len(uops)) if uops[i].op not in (UOps.ALU, UOps.CONST)), None)
+  i1 = next((i for i in range(i0 + 1, len(uops)) if uops[i].op not in _INDEX_MATH), None)
   if i1 is None or uops[i1].op is not UOps.RANGE: return None
   inner = uops[i1]
   if inner.arg[1] or any(s.op is not UOps.CONST for s in inner.src): return None
