@@ -11,11 +11,11 @@ still runs after (it finds nothing left to pack in what is lowered as vectors).
 The rendered source must compute what the vectorize pass makes of the scalar lanes, lane for lane the same ops in the
 same order; it is that source byte for byte except where lanes are gated one by one (a masked load's or store's lane
 mask is built here, before the simplifier, there after it, and the linearizer places it), so the list must be the
-pass's list (up to where constants and single-read broadcasts sit: both are spelled inline). `plan` decides per AST node (vector,
-uniform or scalar lanes) and keeps scalar lanes wherever packing is not certain (Scalar: the whole kernel). The
-linearizer orders by a depth-first walk from the SINK, which on scalar lanes meets the lanes one output lane after
-another, and the pass puts a packed op at its last lane: `order_hints` computes that order and `vector_sink` lists
-its `anchors` in the SINK, so that the walk meets every UOp there.
+pass's list (up to where constants and single-read broadcasts sit: both are spelled inline). `plan` decides per AST
+node (vector, uniform or scalar lanes) and keeps scalar lanes wherever packing is not certain (Scalar: the whole
+kernel). The linearizer orders by a depth-first walk from the SINK, which on scalar lanes meets the lanes one output
+lane after another, and the pass puts a packed op at its last lane: `order_hints` computes that order and
+`vector_sink` lists its `anchors` in the SINK, so that the walk meets every UOp there.
 Imports dtype, lower_index, ops, passes.load_masks, passes.vectorize, shape/, uopgraph and uops."""
 from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Optional, Union

@@ -9,7 +9,7 @@ are bit-identical. Imports dtype, ops, uops, uopgraph and passes."""
 from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
-from kernopt.dtype import dtypes
+from kernopt.dtype import DType, dtypes
 from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
 from kernopt.passes.interchange import interchanged
 from kernopt.passes.lists import masked_load
@@ -135,7 +135,7 @@ def _const_range(r: UOp) -> bool: return all(s.op is _CONST and type(s.arg) is i
 
 def _gated(u: UOp) -> bool:
   """A gated load: LOAD(buf, index, gate, alternative), or a masked vector LOAD(buf, index, int32 lane mask)."""
-  return u.op is _LOAD and len(u.src) == 4 or masked_load(u)
+  return u.op is _LOAD and (len(u.src) == 4 or masked_load(u))
 
 def _load_gates(u: UOp) -> list[UOp]:
   """The gates of gated load u: its gate, or those its lane mask is built of."""
@@ -158,10 +158,12 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   innermost output loop whole and only index math precedes the region in it, the region is that loop, RANGE to
   ENDRANGE."""
   ends, scopes = _structure(uops)
-  def inner(i: int) -> bool:
-    body = uops[i + 1:ends.get(uops[i], i)]
-    return not any(v.op is _RANGE and not v.arg[1] for v in body) and any(_gated(v) for v in body)
-  tiles = [i for i, u in enumerate(uops) if u.op is _RANGE and not u.arg[1] and inner(i)]
+  gated_at = [i for i, u in enumerate(uops) if _gated(u)]
+  outs = [i for i, u in enumerate(uops) if u.op is _RANGE and not u.arg[1]]
+  tiles = []
+  for n, i in enumerate(outs):   # (an output loop nested in loop i is the next one listed)
+    e = ends.get(uops[i], i)
+    if not (n + 1 < len(outs) and outs[n + 1] < e) and any(i < g < e for g in gated_at): tiles.append(i)
   if len(tiles) != 1: return None
   li = tiles[0]
   loop, le = uops[li], ends[uops[li]]
@@ -237,29 +239,33 @@ def borders(uops: Sequence[UOp], min_interior: float = MIN_INTERIOR, max_version
 # ***** versioning *****
 
 def _fold(u: UOp) -> UOp:
-  """u with a True gate folded: x AND True, WHERE(True, a, b), a load whose gate is True."""
-  if u.op is _ALU and u.arg is _AND:
-    a, b = u.src
-    if a.op is _CONST and a.arg is True: return b
-    if b.op is _CONST and b.arg is True: return a
-  elif u.op is _ALU and u.arg is _WHERE and u.src[0].op is _CONST and u.src[0].arg is True: return u.src[1]
-  elif u.op is _LOAD and len(u.src) == 4 and u.src[2].op is _CONST and u.src[2].arg is True:
-    return UOp(_LOAD, u.dtype, u.src[:2])
-  elif u.op is _STORE and len(u.src) == 4 and u.src[3].op is _CONST and u.src[3].arg is True:
-    return UOp(_STORE, u.dtype, u.src[:3])
-  # a masked vector store's lane mask: CAST(True) * bits + ... folds to a constant; every lane open is a plain store
-  elif u.op is UOps.CAST and u.src[0].op is _CONST and u.src[0].arg is True and u.dtype == dtypes.int32:
+  """u with a True gate folded: x AND True, WHERE(True, a, b), a load or store whose gate is True, and a lane mask's
+  CAST(True) * bits + ... folded to a constant (every lane open: a plain masked load or store)."""
+  op, src = u.op, u.src
+  if op is _ALU:
+    arg = u.arg
+    if arg is _AND:
+      a, b = src
+      if a.op is _CONST and a.arg is True: return b
+      if b.op is _CONST and b.arg is True: return a
+    elif arg is _WHERE:
+      if src[0].op is _CONST and src[0].arg is True: return src[1]
+    elif (arg is _ADD or arg is _MUL) and all(x.op is _CONST for x in src) and _int32(u.dtype):
+      a, b = src[0].arg, src[1].arg
+      return UOp.const(dtypes.int32, a + b if arg is _ADD else a * b)
+  elif op is _LOAD:
+    if len(src) == 4 and src[2].op is _CONST and src[2].arg is True: return UOp(_LOAD, u.dtype, src[:2])
+    if len(src) == 3 and src[2].op is _CONST and u.dtype is not None and src[2].arg == (1 << u.dtype.count) - 1:
+      return UOp(_LOAD, u.dtype, src[:2])
+  elif op is _STORE:
+    if len(src) == 4 and src[3].op is _CONST and (src[3].arg is True or src[2].dtype is not None and
+                                                 src[3].arg == (1 << src[2].dtype.count) - 1):
+      return UOp(_STORE, u.dtype, src[:3])
+  elif op is UOps.CAST and src[0].op is _CONST and src[0].arg is True and _int32(u.dtype):
     return UOp.const(dtypes.int32, 1)
-  elif u.op is _ALU and u.dtype == dtypes.int32 and u.arg in (_ADD, _MUL) and all(x.op is _CONST for x in u.src):
-    a, b = u.src[0].arg, u.src[1].arg
-    return UOp.const(dtypes.int32, a + b if u.arg is _ADD else a * b)
-  elif u.op is _STORE and len(u.src) == 4 and u.src[3].op is _CONST and u.src[2].dtype is not None and \
-      u.src[3].arg == (1 << u.src[2].dtype.count) - 1:
-    return UOp(_STORE, u.dtype, u.src[:3])
-  elif u.op is _LOAD and len(u.src) == 3 and u.src[2].op is _CONST and u.dtype is not None and \
-      u.src[2].arg == (1 << u.dtype.count) - 1:   # a masked vector load with every lane open is a plain load
-    return UOp(_LOAD, u.dtype, u.src[:2])
   return u
+
+def _int32(dt: Optional[DType]) -> bool: return dt is dtypes.int32 or dt == dtypes.int32
 
 def _box_cond(box: Sequence[tuple[UOp, int, int]]) -> Optional[UOp]:
   """lo <= r <= hi for every (r, lo, hi) of box, as one AND of comparisons (None for an empty box)."""

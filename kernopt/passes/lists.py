@@ -11,10 +11,12 @@ from kernopt.uops import UOp, UOps
 _ALU, _CONST, _RANGE, _ENDRANGE, _DEFINE_VAR, _CAST = \
   UOps.ALU, UOps.CONST, UOps.RANGE, UOps.ENDRANGE, UOps.DEFINE_VAR, UOps.CAST
 
+_I32 = dtypes.int32
+
 def masked_load(u: UOp) -> bool:
   """A masked vector LOAD(buf, index, int32 lane mask): lane t is read where bit t of the mask is set, +0.0
   elsewhere (the lowerer's load of a padded window's or PADTO'd tile's gated lanes)."""
-  return u.op is UOps.LOAD and len(u.src) == 3 and u.src[2].dtype == dtypes.int32
+  return u.op is UOps.LOAD and len(u.src) == 3 and ((d := u.src[2].dtype) is _I32 or d == _I32)
 
 def ranges_of(uops: Sequence[UOp]) -> list[int]:
   """The positions of the RANGEs, in list order."""
