@@ -327,13 +327,20 @@ class CStyleLanguage(Renderer):
 
   def render_alu(self, op: ALUOp, dt: DType, srcs: list[str]) -> str:
     """op on operands of dtype dt (the branches' dtype for WHERE) as an expression in dt's compute type."""
-    if dt.count > 1: raise UnsupportedError(f"{self.dialect_name} has no vector ALU ({op.name} on {dt})")
-    spell, cdt = self.spelling(op), self.compute_dtype(dt)
-    if spell is None: raise UnsupportedError(f"{self.dialect_name} can't spell {op.name}")
-    if op in _NO_BOOL_OPS and dt == dtypes.bool: raise UnsupportedError(f"{op.name} is not defined on bool")
+    # (spelling, compute dtype, rounded to storage) per (op, dtype), memoized by the dtype's identity: the entry keeps
+    # dt alive, so its id is not reused
+    plans: dict[tuple[Any, int], tuple[DType, Union[str, Callable[..., str]], DType, bool]] = \
+      self.__dict__.setdefault("_alu_plans", {})
+    if (plan := plans.get((op, id(dt)))) is None or plan[0] is not dt:
+      if dt.count > 1: raise UnsupportedError(f"{self.dialect_name} has no vector ALU ({op.name} on {dt})")
+      spell = self.spelling(op)
+      if spell is None: raise UnsupportedError(f"{self.dialect_name} can't spell {op.name}")
+      if op in _NO_BOOL_OPS and dt == dtypes.bool: raise UnsupportedError(f"{op.name} is not defined on bool")
+      plan = plans[(op, id(dt))] = (dt, spell, self.compute_dtype(dt),
+                                    op not in self._exact_ops and _dtype_in(dt, self.storage_floats))
+    _, spell, cdt, rounded = plan
     ret = spell.format(*srcs, t=self.render_dtype(cdt)) if isinstance(spell, str) else spell(self, cdt, *srcs)
-    if op not in self._exact_ops and _dtype_in(dt, self.storage_floats): ret = self.round_storage(ret, dt)
-    return ret
+    return self.round_storage(ret, dt) if rounded else ret
 
   def render(self, name: str, uops: list[UOp]) -> str:
     """The source of uops, spelled exactly as listed (the passes ran before: kernopt.passes)."""
