@@ -228,6 +228,21 @@ def test_elementwise_add_with_variable():
   np.testing.assert_array_equal(res[0][:37], xa[:37] + ya[:37])
   assert not res[0][37:].any()
 
+def test_a_renderer_that_rendered_still_pickles():
+  """Search sends the renderer to its worker processes: what a render memoizes (spellings are closures) stays off the
+  renderer, which pickles after rendering and renders the same source when unpickled."""
+  import pickle
+  from kernopt.renderers.native import NativeCRenderer
+  b = Builder()
+  out, x = b.glob(0, dtypes.int32, True), b.glob(1, dtypes.int32)
+  rng = b(UOps.RANGE, dtypes.int32, (b.const(dtypes.int32, 0), b.const(dtypes.int32, 8)), (0, False))
+  ld = b(UOps.LOAD, dtypes.int32, (x, rng))
+  b(UOps.STORE, None, (out, rng, b.alu(BinaryOps.MUL, b.alu(BinaryOps.ADD, ld, rng), ld)))
+  b(UOps.ENDRANGE, None, (rng,))
+  for r in (CRenderer(), NativeCRenderer(vector_width=8, threads=1)):
+    src = r.render("k", b.uops)
+    assert "((int32_t)((uint32_t)" in src and pickle.loads(pickle.dumps(r)).render("k", b.uops) == src
+
 def test_reduce_with_acc_and_guarded_load():
   """out[i] = sum_j (i+j < 10 ? x[i+j] : 100) * 0.1f over j in [0, 4), and out stored only where i != 2."""
   b = Builder()

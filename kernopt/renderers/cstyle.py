@@ -32,6 +32,11 @@ def _dtype_in(dt: DType, s: frozenset[DType]) -> bool:
   _MEMBER[(id(s), id(dt))] = (s, dt, ret)
   return ret
 
+# render_alu's plan of an (op, dtype) per dialect class and storage-float set: its spelling, compute dtype and
+# whether the result is rounded to storage. Module-level, not on the renderer (a renderer is pickled to search
+# workers; a spelling may be a closure). Each entry keeps its dtype and set alive, so their ids are not reused
+_ALU_PLANS: dict[tuple[type, int, Any, int], tuple[DType, frozenset[DType], Any, DType, bool]] = {}
+
 _INT_LIKE: dict[int, tuple[DType, bool]] = {}
 def _int_like(dt: DType) -> bool:
   """dt is an integer type or bool."""
@@ -327,18 +332,16 @@ class CStyleLanguage(Renderer):
 
   def render_alu(self, op: ALUOp, dt: DType, srcs: list[str]) -> str:
     """op on operands of dtype dt (the branches' dtype for WHERE) as an expression in dt's compute type."""
-    # (spelling, compute dtype, rounded to storage) per (op, dtype), memoized by the dtype's identity: the entry keeps
-    # dt alive, so its id is not reused
-    plans: dict[tuple[Any, int], tuple[DType, Union[str, Callable[..., str]], DType, bool]] = \
-      self.__dict__.setdefault("_alu_plans", {})
-    if (plan := plans.get((op, id(dt)))) is None or plan[0] is not dt:
+    # (spelling, compute dtype, rounded to storage) per dialect class, storage set, op and dtype (see _ALU_PLANS)
+    key = (type(self), id(sf := self.storage_floats), op, id(dt))
+    if (plan := _ALU_PLANS.get(key)) is None or plan[0] is not dt or plan[1] is not sf:
       if dt.count > 1: raise UnsupportedError(f"{self.dialect_name} has no vector ALU ({op.name} on {dt})")
       spell = self.spelling(op)
       if spell is None: raise UnsupportedError(f"{self.dialect_name} can't spell {op.name}")
       if op in _NO_BOOL_OPS and dt == dtypes.bool: raise UnsupportedError(f"{op.name} is not defined on bool")
-      plan = plans[(op, id(dt))] = (dt, spell, self.compute_dtype(dt),
-                                    op not in self._exact_ops and _dtype_in(dt, self.storage_floats))
-    _, spell, cdt, rounded = plan
+      if len(_ALU_PLANS) > 4096: _ALU_PLANS.clear()
+      plan = _ALU_PLANS[key] = (dt, sf, spell, self.compute_dtype(dt), op not in self._exact_ops and _dtype_in(dt, sf))
+    _, _, spell, cdt, rounded = plan
     ret = spell.format(*srcs, t=self.render_dtype(cdt)) if isinstance(spell, str) else spell(self, cdt, *srcs)
     return self.round_storage(ret, dt) if rounded else ret
 
