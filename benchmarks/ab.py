@@ -3,12 +3,15 @@ both see the same load. Each round runs one fresh process per tree (the order sw
 every workload of benchmarks/workloads.py that both trees have: cold codegen (Kernel + standard protocol +
 to_program, median over repeats) and the kernel (median over repeats after a warm-up launch, checked against numpy).
 The figure per workload is the median over rounds of the within-round ratio base time / this tree's time (above 1:
-this tree is faster).
+this tree is faster). Codegen also gets each tree's least thread time over every repeat and round, and their ratio:
+on a host whose speed changes for seconds at a time (a shared vCPU), medians move with it, the least CPU time of
+each tree much less.
 Usage: python3 benchmarks/ab.py --base REV [--rounds 5] [--repeats 7] [--workloads W1,W4] [--threads 1,2]
                                 [--profile native|static] [--asts benchmarks/asts/mlp_l1.json,...]"""
 from __future__ import annotations
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -39,10 +42,13 @@ out, all_w = {}, workloads()
 for name in names:
   if name not in all_w: continue
   w = all_w[name]
-  cg = []
+  cg, cg_cpu = [], []
   for _ in range(repeats):
     ast = w.build()
-    t0 = time.perf_counter(); optimize(ast).to_program(); cg.append(time.perf_counter() - t0)
+    t0, c0 = time.perf_counter(), time.thread_time()
+    optimize(ast).to_program()
+    cg.append(time.perf_counter() - t0)
+    cg_cpu.append(time.thread_time() - c0)
   k = optimize(w.build())
   prg = k.to_program()
   runner = dev.compile(prg)
@@ -56,16 +62,21 @@ for name in names:
   ts = []
   for _ in range(repeats):
     t0 = time.perf_counter(); runner(*args, wait=True); ts.append(time.perf_counter() - t0)
-  out[name] = {"kernel_s": statistics.median(ts), "codegen_s": statistics.median(cg), "name": prg.name,
+  out[name] = {"kernel_s": statistics.median(ts), "codegen_s": statistics.median(cg), "codegen_min_s": min(cg_cpu),
+               "name": prg.name,
                "opts": [str(o) for o in k.applied_opts]}
 for path in [p for p in sys.argv[6].split(",") if p]:
   # an AST file (benchmarks/asts/): cold codegen only, the AST loaded afresh each repeat
   import kernopt
-  cg = []
+  cg, cg_cpu = [], []
   for _ in range(repeats):
     ast = kernopt.load(path)
-    t0 = time.perf_counter(); k = optimize(ast); k.to_program(); cg.append(time.perf_counter() - t0)
-  out[os.path.basename(path)] = {"kernel_s": None, "codegen_s": statistics.median(cg), "name": "",
+    t0, c0 = time.perf_counter(), time.thread_time()
+    k = optimize(ast); k.to_program()
+    cg.append(time.perf_counter() - t0)
+    cg_cpu.append(time.thread_time() - c0)
+  out[os.path.basename(path)] = {"kernel_s": None, "codegen_s": statistics.median(cg), "codegen_min_s": min(cg_cpu),
+                                 "name": "",
                                  "opts": [str(o) for o in k.applied_opts]}
 print(json.dumps(out))
 '''
@@ -117,6 +128,7 @@ def main() -> None:
     for t in ([1] if a.profile == "static" else [int(x) for x in a.threads.split(",")]):
       ratios: dict[str, list[float]] = {n: [] for n in names}
       cg_ratios: dict[str, list[float]] = {n: [] for n in names}
+      cg_min: dict[str, list[float]] = {}   # per workload: the least codegen thread time of base, of this tree
       last: dict[str, tuple[dict, dict]] = {}
       for rnd in range(a.rounds):
         order = [("base", base), ("this", ROOT)][:: 1 if rnd % 2 == 0 else -1]
@@ -127,24 +139,36 @@ def main() -> None:
             b, h = res["base"][n], res["this"][n]
             if b["kernel_s"] is not None: ratios.setdefault(n, []).append(b["kernel_s"] / h["kernel_s"])
             cg_ratios.setdefault(n, []).append(b["codegen_s"] / h["codegen_s"])
+            if "codegen_min_s" in b and "codegen_min_s" in h:
+              m = cg_min.setdefault(n, [math.inf, math.inf])
+              m[0], m[1] = min(m[0], b["codegen_min_s"]), min(m[1], h["codegen_min_s"])
             last[n] = (b, h)
         print(f"  round {rnd + 1}/{a.rounds} done", flush=True)
       print(f"threads {t}:")
       print(f"  {'wl':4s} {'base ms':>9s} {'this ms':>9s} {'kernel base/this':>17s} {'(min-max)':>13s} "
-            f"{'codegen base/this':>18s}  same opts")
+            f"{'codegen base/this':>18s} {'(least cpu ms)':>20s}  same opts")
       for n in names:
         if not ratios[n]: print(f"  {n:4s} only in one tree"); continue
         b, h = last[n]
         print(f"  {n:4s} {1e3 * b['kernel_s']:9.3f} {1e3 * h['kernel_s']:9.3f} {statistics.median(ratios[n]):16.3f}x "
-              f"({min(ratios[n]):.2f}-{max(ratios[n]):.2f}) {statistics.median(cg_ratios[n]):17.3f}x  "
+              f"({min(ratios[n]):.2f}-{max(ratios[n]):.2f}) {statistics.median(cg_ratios[n]):17.3f}x "
+              f"{_least(cg_min.get(n)):>20s}  "
               f"{'yes' if b['opts'] == h['opts'] else 'no: ' + str(b['opts']) + ' -> ' + str(h['opts'])}")
       for p in asts:
         n = os.path.basename(p)
         if n not in last: print(f"  {n}: only in one tree"); continue
         b, h = last[n]
         print(f"  {n}: codegen {1e3 * b['codegen_s']:.2f} -> {1e3 * h['codegen_s']:.2f} ms, base/this "
-              f"{statistics.median(cg_ratios[n]):.3f}x  {'same opts' if b['opts'] == h['opts'] else 'other opts'}")
-  print("kernel base/this > 1: this tree's kernel is faster; ms columns are the last round's medians")
+              f"{statistics.median(cg_ratios[n]):.3f}x, least cpu {_least(cg_min.get(n))}  "
+              f"{'same opts' if b['opts'] == h['opts'] else 'other opts'}")
+  print("kernel base/this > 1: this tree's kernel is faster; ms columns are the last round's medians; least cpu: "
+        "each tree's least codegen thread time over every repeat and round, and their ratio (a host with slow "
+        "phases moves the medians; a quiet moment of each tree is still met)")
+
+def _least(m: "list[float] | None") -> str:
+  """'base -> this ms = ratio' of the least codegen thread times, or '-' (a tree without the figure)."""
+  if not m or math.inf in m: return "-"
+  return f"{1e3 * m[0]:.2f}->{1e3 * m[1]:.2f} {m[0] / m[1]:.2f}x"
 
 if __name__ == "__main__":
   main()

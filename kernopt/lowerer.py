@@ -6,6 +6,7 @@ GPU's float4 and image accesses (lower_float4). Imports dtype, errors, helpers, 
 lower_index, lower_vectors, lower_reduce and lower_float4."""
 from __future__ import annotations
 import functools, itertools
+from operator import itemgetter
 from typing import Any, Optional, Sequence
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.errors import UnsupportedError, VerifyError
@@ -273,7 +274,7 @@ class _Lowerer(ReduceLowering, VectorLowering, Float4Lanes):
       by_off: dict[int, Any] = dict.fromkeys(offs)
       for o in by_off: by_off[o] = self.offset_index(base, b, o)
       return [by_off[o] for o in offs]
-    cache: dict[tuple[int, ...], UOp] = {}
+    cache: dict[Any, UOp] = {}
     inv = {j: v for v, j in self.up_vars.items()}
     # a conjunction is substituted conjunct by conjunct, each once per value of the upcast variables it reads
     # (what AndNode.substitute computes, without redoing the conjuncts a lane shares with others)
@@ -284,13 +285,13 @@ class _Lowerer(ReduceLowering, VectorLowering, Float4Lanes):
       if (ret := done.get(k)) is None: ret = done[k] = lane_substitute(c, {inv[j]: ln[j] for j in cvs})
       return ret
     out = []
+    key_of = itemgetter(*vs)   # a lane's values of the upcast variables node reads (one int when it reads one)
     for ln in self.lanes:
-      key = tuple(ln[j] for j in vs)
-      if key not in cache:
+      if (u := cache.get(key := key_of(ln))) is None:
         if parts is None: sub = lane_substitute(node, {inv[j]: ln[j] for j in vs})
         else: sub = Node.ands([part(i, c, cvs, ln) for i, (c, cvs) in enumerate(parts)])
-        cache[key] = fix(self.render(sub))
-      out.append(cache[key])
+        u = cache[key] = fix(self.render(sub))
+      out.append(u)
     return out
 
   # ***** lowering of AST nodes, each to one UOp per lane (or one vector per group of lanes) *****
