@@ -330,7 +330,7 @@ def test_dead_scalar_lanes_dropped():
   assert all(u in read for u in mm if u.op in (UOps.LOAD, UOps.ALU, UOps.GEP, UOps.VECTORIZE, UOps.CONST))
 
 def test_drop_dead_keeps_effects_and_order():
-  from kernopt.passes.vectorize import drop_dead
+  from kernopt.passes.lists import drop_dead
   uops = lin("matmul_64", opts=[])
   assert drop_dead(uops) == uops  # nothing dead in the scalar kernel
 

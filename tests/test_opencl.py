@@ -510,6 +510,22 @@ def test_cpu_profile_pads_an_odd_output_axis_to_two_vectors(dev):
   assert (opts[0].op, opts[0].amt) == (OptOps.PADTO, 2 * w) and opts[1].op is OptOps.UPCAST
   np.testing.assert_allclose(got.reshape(M, N), a @ b, rtol=1e-4, atol=1e-4)
 
+@pytest.mark.parametrize("w", [8, 16])
+def test_cpu_profile_padded_tile_whose_first_lanes_are_always_stored_keeps_vector_accumulators(dev, w):
+  """N = 4w + 7 PADTO'd to 2w (matmul 1000x1000x999's 999 = 31*32 + 7 at width 16): the last tile's first 7 lanes are
+  stored by every tile, so their stores are plain while the rest sit under an IF. Seeded from those split stores the
+  vectorize pass used to pack lanes 7..7+w-1 and leave 8 x (2w - w) accumulators scalar (999 on PoCL: 128 scalar
+  accumulators, 71 ms); packed from the loads first, every accumulator is a vector. numpy's numbers."""
+  from kernopt.opt import OptOps
+  r = _cpu_profile(dev, w)
+  M, N, K = 16, 4 * w + 7, 12
+  rng = np.random.default_rng(w + 7)
+  a, b = rng.standard_normal((M, K), dtype=np.float32), rng.standard_normal((K, N), dtype=np.float32)
+  opts = [(OptOps.PADTO, 1, 2 * w), (OptOps.UPCAST, 1, 2 * w), (OptOps.UPCAST, 0, 8), (OptOps.UNROLL, 0, 2)]
+  got, _, src = _run_ast(dev, _mm_ast(M, N, K), r, {1: a, 2: b}, M * N, opts)
+  assert "float acc" not in src and f"float{w} acc15" in src
+  np.testing.assert_allclose(got.reshape(M, N), a @ b, rtol=1e-4, atol=1e-4)
+
 @pytest.mark.parametrize("w", [4, 8])
 def test_cpu_profile_depthwise_conv_upcasts_window_rows(dev, w):
   """A depthwise conv (no broadcast row axis): one vector of columns, 4 output rows of the window's slide (rule

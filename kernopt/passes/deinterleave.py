@@ -4,9 +4,9 @@ from __future__ import annotations
 from typing import Optional, Sequence
 from kernopt.dtype import ImageDType, dtypes
 from kernopt.ops import BinaryOps, TernaryOps
-from kernopt.passes.lists import define_before_use, replace_uops
+from kernopt.passes.lists import define_before_use, drop_dead, replace_uops
 from kernopt.passes.load_masks import lane_mask, maskable
-from kernopt.passes.vectorize import base_offset, drop_dead
+from kernopt.passes.vectorize import base_offset
 from kernopt.uops import UOp, UOps
 
 _LOAD, _VECTORIZE, _GEP, _ALU, _GLOBAL = UOps.LOAD, UOps.VECTORIZE, UOps.GEP, UOps.ALU, UOps.DEFINE_GLOBAL

@@ -1,6 +1,6 @@
 """What the passes share on linearized UOp lists: which loads are masked vector loads, where each loop ends, the
 kernel axis a loop walks, the tile nests, the value of index math at given loop indices, the index math a value needs,
-a list with some UOps replaced, and a list whose values are all defined before they are read.
+a list with some UOps replaced, a list whose values are all defined before they are read, and one without dead values.
 Imports dtype, ops and uops."""
 from __future__ import annotations
 from typing import Optional, Sequence
@@ -136,3 +136,17 @@ def define_before_use(uops: Sequence[UOp]) -> list[UOp]:
     done.add(u)
     if u.op is _RANGE or u.op is UOps.IF: scope = scope + (u,)
   return out
+
+_PURE = frozenset((UOps.LOAD, _ALU, _CONST, UOps.GEP, UOps.VECTORIZE, _CAST, UOps.BITCAST))
+
+def drop_dead(uops: list[UOp]) -> list[UOp]:
+  """uops without the pure values (loads, ALU, casts, vector lane ops) that nothing kept reads: the scalar lanes and
+  index math that packed ops replaced. One backward pass (a value comes before its readers)."""
+  live: set[UOp] = set()
+  keep = [False] * len(uops)
+  for i in range(len(uops) - 1, -1, -1):
+    u = uops[i]
+    if u.op not in _PURE or u in live:
+      keep[i] = True
+      live.update(u.src)
+  return [u for u, k in zip(uops, keep) if k]

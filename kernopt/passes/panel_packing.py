@@ -5,8 +5,8 @@ from typing import Optional, Sequence
 from kernopt.dtype import DType, ImageDType, dtypes
 from kernopt.ops import BinaryOps
 from kernopt.passes.interchange import interchanged
-from kernopt.passes.lists import closure, loop_axis, loop_ends, ranges_of, reduce_stride, substitute, tile_nests
-from kernopt.passes.vectorize import drop_dead
+from kernopt.passes.lists import (closure, drop_dead, loop_axis, loop_ends, ranges_of, reduce_stride, substitute,
+                                  tile_nests)
 from kernopt.uops import ReduceBlock, UOp, UOps, loop_mark
 
 def _block_of(uops: list[UOp], ranges: list[int], rk: UOp) -> Optional[tuple[UOp, int]]:
