@@ -577,7 +577,9 @@ def _exp2_inputs() -> np.ndarray:
   pos = np.arange(0, np.float32(140).view(np.uint32), 4099, dtype=np.uint32).view(np.float32)
   neg = np.arange(0x80000000, np.float32(-160).view(np.uint32), 4099, dtype=np.uint32).view(np.float32)
   spec = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 127.99999, 128.0, 128.5, -126.0, -149.0, -149.5, -150.0, -151.0,
-                   -1e4, 1e30, -1e30, 0.5, -0.5, 1.5, 2.5, 1e-30, -1e-30], np.float32)
+                   -1e4, 1e30, -1e30, 0.5, -0.5, 1.5, 2.5, 1e-30, -1e-30,
+                   # past the clamp, where the AVX512DQ path rounds x itself: just past, half-way, past 2^23
+                   129.3, 129.5, 200.5, 8388609.0, 3e9, -151.3, -151.5, -152.5, -200.7, -8388609.0, -3e9], np.float32)
   x = np.concatenate([pos, neg, spec])
   return np.concatenate([x, np.zeros(-len(x) % 64, np.float32)])
 
@@ -585,7 +587,7 @@ def _exp2_inputs() -> np.ndarray:
 @pytest.mark.parametrize("fused,march", [(False, None), (True, None), (False, "x86-64-v2")])
 @pytest.mark.parametrize("w", WIDTHS)
 def test_exp2_within_one_ulp_and_the_same_in_every_lane_width(w, fused, march):
-  """The native profile's float32 EXP2 (renderers/native.py _exp2_helper), its polynomial by multiplies and adds or,
+  """The native profile's float32 EXP2 (renderers/exp2_c.py), its polynomial by multiplies and adds or,
   where the profile fuses, by FMAs, its clamp by x86's min/max where the ISA has them for the width (an SSE-only
   build of 8 and 16 lanes takes the portable masks): within 1 ulp of the correctly rounded value (numpy's float64
   exp2, rounded) over a sweep of float32 values, NaN, infinities, overflow and underflow exact; the packed vector
@@ -614,6 +616,66 @@ def test_exp2_within_one_ulp_and_the_same_in_every_lane_width(w, fused, march):
   fin = ok & ~special
   ulps = np.abs(got[fin].astype(np.float64) - want[fin]) / np.spacing(np.abs(want[fin])).astype(np.float64)
   assert ulps.max() <= 1.0, (ulps.max(), x[fin][np.argmax(ulps)])
+
+def _c_compilers() -> list[str]:
+  import shutil
+  names = ["gcc", "clang"] + [f"clang-{v}" for v in range(14, 21)]
+  return [p for p in dict.fromkeys(shutil.which(n) for n in names) if p is not None]
+
+_EXP2_HARNESS = """#include <math.h>
+#include <stdint.h>
+typedef float float{w} __attribute__((aligned({a}), vector_size({a})));
+typedef int32_t int32_t{w} __attribute__((aligned({a}), vector_size({a})));
+{fma}
+{scalar}
+{vector}
+void scalar(float* out, const float* in, int n) {{ for (int i = 0; i < n; i++) out[i] = ko_exp2f(in[i]); }}
+void vector(float* out, const float* in, int n) {{
+  for (int i = 0; i < n; i += {w}) {{
+    float{w} x;
+    __builtin_memcpy(&x, in + i, sizeof(x));
+    x = ko_exp2_float{w}(x);
+    __builtin_memcpy(out + i, &x, sizeof(x));
+  }}
+}}
+"""
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86 builtins")
+@pytest.mark.parametrize("w", WIDTHS)
+@pytest.mark.parametrize("cc", _c_compilers())
+def test_exp2_helper_builds_with_every_c_compiler_and_gives_the_scalar_bits(cc, w, tmp_path):
+  """exp2_c's helpers spell some builtins per compiler (clang's 512-bit vreduceps takes a rounding argument, GCC's
+  does not): built by each C compiler on the machine for the host's ISA (-march=native, so an AVX512DQ host runs
+  the vrndscaleps/vreduceps path), the vector function gives the scalar function's bits on every input of
+  _exp2_inputs, within 1 ulp of numpy's float64 exp2 rounded, with infinities and zeros exact."""
+  import ctypes
+  import subprocess
+  from kernopt.renderers.exp2_c import exp2_helper
+  from kernopt.renderers.x86_helpers import fma_helper
+  src = _EXP2_HARNESS.format(w=w, a=4 * w, fma=fma_helper(f"ko_fma_float{w}", f"float{w}", w),
+                             scalar=exp2_helper("ko_exp2f", "float", "int32_t", 1, "fmaf"),
+                             vector=exp2_helper(f"ko_exp2_float{w}", f"float{w}", f"int32_t{w}", w, f"ko_fma_float{w}"))
+  (tmp_path / "e.c").write_text(src)
+  so = tmp_path / "e.so"
+  out = subprocess.run([cc, "-O2", "-march=native", "-ffp-contract=off", "-shared", "-fPIC", str(tmp_path / "e.c"),
+                        "-o", str(so), "-lm"], capture_output=True, text=True)
+  assert out.returncode == 0, f"{cc} rejected the exp2 helper:\n{out.stderr[-2000:]}"
+  lib = ctypes.CDLL(str(so))
+  x = _exp2_inputs()
+  got = {}
+  for fn in ("scalar", "vector"):
+    o = np.empty_like(x)
+    getattr(lib, fn)(o.ctypes.data_as(ctypes.c_void_p), x.ctypes.data_as(ctypes.c_void_p), ctypes.c_int(x.size))
+    got[fn] = o
+  assert got["scalar"].tobytes() == got["vector"].tobytes()
+  with np.errstate(over="ignore"): want = np.exp2(x.astype(np.float64)).astype(np.float32)
+  assert np.array_equal(np.isnan(got["vector"]), np.isnan(want))
+  ok = ~np.isnan(want)
+  special = ok & ((want == 0) | np.isinf(want))
+  np.testing.assert_array_equal(got["vector"][special], want[special])
+  fin = ok & ~special
+  ulps = np.abs(got["vector"][fin].astype(np.float64) - want[fin]) / np.spacing(np.abs(want[fin])).astype(np.float64)
+  assert ulps.max() <= 1.0
 
 @needs_cc
 @pytest.mark.parametrize("k_len,steps", [(784, 196), (1000, 250), (999, None)])

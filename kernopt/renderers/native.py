@@ -17,6 +17,7 @@ from kernopt.helpers import getconfig
 from kernopt.ops import BinaryOps, TernaryOps, UnaryOps
 from kernopt.renderers import Capabilities
 from kernopt.renderers.cstyle import CRenderer, RenderContext
+from kernopt.renderers.exp2_c import exp2_helper
 from kernopt.renderers.x86_helpers import DEINT8, fma_helper, MASKLOAD, mload_helper, mstore_helper, stream_helper
 from kernopt.uops import Mark, ReduceBlock, UOp, UOps, loop_mark
 
@@ -152,79 +153,11 @@ def native_capabilities(vector_width: Optional[int] = None, threads: Optional[in
                  stream_min=STREAM_MIN,
                  fused_accumulate=isa.fma if fused_accumulate is None else fused_accumulate)
 
-# 2^f on [-0.5, 0.5] (least squares on relative error, degree 6), constant term first: with the exact scaling below,
-# within 1 ulp of the correctly rounded exp2 on every float32 tested (tests/test_native_profile.py), fused or not
-_EXP2_COEFFS = ("1.0f", "0.693147182f", "0.240226492f", "0.0555034243f", "0.00961836521f", "0.00133946899f",
-                "0.000153633708f")
-
-def _exp2_poly(fma: Optional[str], ft: str) -> str:
-  """_EXP2_COEFFS at f by Horner's rule: c0 + f * (c1 + f * (...)) as multiplies and adds, or, given `fma` (the name
-  of a fused a*b + c on ft), one fma per step: one rounding each, and a dependency chain half as long (the
-  reference's softmax exp kernel, 1 thread, Zen 3: 1.2x)."""
-  if fma is None:
-    return " + f * (".join(_EXP2_COEFFS[:-1]) + f" + f * {_EXP2_COEFFS[-1]}" + ")" * (len(_EXP2_COEFFS) - 2)
-  acc = f"({ft}){{0}} + {_EXP2_COEFFS[-1]}" if ft != "float" else _EXP2_COEFFS[-1]
-  for c in reversed(_EXP2_COEFFS[:-1]):
-    acc = f"{fma}({acc}, f, {c if ft == 'float' else f'({ft}){{0}} + {c}'})"
-  return acc
-
-@functools.lru_cache(None)
-def _exp2_helper(name: str, ft: str, it: str, n: int, fma: Optional[str] = None) -> str:
-  """kernopt's float32 exp2, `name`(x) on ft (float, or a vector of n floats; it: the int type of as many lanes):
-  x clamped to [-151, 129] (NaN kept), r = x rounded to nearest even by the 1.5 * 2^23 trick, 2^(x - r) by
-  _exp2_poly(fma), times 2^r as two exact powers of two (so results that underflow round once). Branch-free, so the
-  vector version is the scalar one lane by lane (with fmaf and a lane-wise fma alike) and packing never changes a
-  result; libm's exp2f is a call per lane."""
-  if n == 1:
-    return "\n".join([
-      f"static inline float {name}(float x) {{",
-      "  float c = x < -151.0f ? -151.0f : (x > 129.0f ? 129.0f : x), z = c != c ? 0.0f : c;",
-      "  float r = (z + 12582912.0f) - 12582912.0f, f = c - r;",
-      "  int32_t n = (int32_t)r, h = n / 2;",
-      f"  float p = {_exp2_poly(fma, ft)};",
-      "  union { int32_t i; float f; } s1 = { .i = (h + 127) << 23 }, s2 = { .i = (n - h + 127) << 23 };",
-      "  return (p * s1.f) * s2.f;", "}"])
-  masked = [f"  {it} lo = x < -151.0f, hi = x > 129.0f;",
-            f"  {ft} c = ({ft})((lo & ({it})(({ft}){{0}} - 151.0f)) | (hi & ({it})(({ft}){{0}} + 129.0f)) | "
-            f"(~(lo | hi) & ({it})x));"]
-  if n in _MINMAX:
-    # x86's max(a, b) is b when either is NaN: max(-151, x), then min(129, .), keep a NaN x (2 ops instead of 7)
-    mn, mx, isa = _MINMAX[n]
-    hi = mn.format(a=f"({ft}){{0}} + 129.0f", b=mx.format(a=f"({ft}){{0}} - 151.0f", b="x"))
-    masked = [f"#if defined(__x86_64__) && defined({isa})", f"  {ft} c = {hi};", "#else", *masked, "#endif"]
-  # h = floor(n / 2) by a shift where the scalar truncates: either split keeps p * 2^h a normal float, so the one
-  # rounding of (p * 2^h) * 2^(n-h) gives the same bits
-  split = [f"  {it} nan = x != x;",
-           f"  {ft} z = ({ft})(~nan & ({it})c), r = (z + 12582912.0f) - 12582912.0f, f = c - r;",
-           f"  {it} n = __builtin_convertvector(r, {it}), h = n >> 1;",
-           f"  {ft} p = {_exp2_poly(fma, ft)};",
-           f"  return (p * ({ft})((h + 127) << 23)) * ({ft})((n - h + 127) << 23);"]
-  if n in _SCALEF:
-    # AVX-512's vscalefps is p * 2^r in one correctly rounded step, the two exact powers' result: no int lanes,
-    # and a NaN needs no zeroing (no conversion to int); 9 ops fewer (the softmax exp kernel at width 16)
-    call, isa = _SCALEF[n]
-    split = [f"#if defined(__x86_64__) && defined({isa})",
-             f"  {ft} r = (c + 12582912.0f) - 12582912.0f, f = c - r;", f"  {ft} p = {_exp2_poly(fma, ft)};",
-             f"  return {call.format(a='p', b='r')};", "#else", *split, "#endif"]
-  return "\n".join([f"static inline {ft} {name}({ft} x) {{", *masked, *split, "}"])
-
-# x86 lane-wise min(a, b) and max(a, b) of n floats, each b where either is NaN: (min, max, ISA macro); AVX-512's
-# with every lane of the write mask set and the current rounding (the softmax exp kernel at width 16: 2 ops, not 7)
-_MINMAX = {4: ("__builtin_ia32_minps({a}, {b})", "__builtin_ia32_maxps({a}, {b})", "__SSE__"),
-           8: ("__builtin_ia32_minps256({a}, {b})", "__builtin_ia32_maxps256({a}, {b})", "__AVX__"),
-           16: ("__builtin_ia32_minps512_mask({a}, {b}, {a}, (uint16_t)-1, 4)",
-                "__builtin_ia32_maxps512_mask({a}, {b}, {a}, (uint16_t)-1, 4)", "__AVX512F__")}
-
-# AVX-512 a * 2^floor(b) of n floats, rounded once: (builtin call, ISA macro)
-_SCALEF = {4: ("__builtin_ia32_scalefps128_mask({a}, {b}, {a}, (uint8_t)-1)", "__AVX512VL__"),
-           8: ("__builtin_ia32_scalefps256_mask({a}, {b}, {a}, (uint8_t)-1)", "__AVX512VL__"),
-           16: ("__builtin_ia32_scalefps512_mask({a}, {b}, {a}, (uint16_t)-1, 4)", "__AVX512F__")}
-
 def _native_exp2(r: Any, dt: DType, x: str) -> str:
   if not dtypes.is_float(dt): raise UnsupportedError(f"{r.dialect_name} has no exp2 on {dt}")
   if dt != dtypes.float32: return f"exp2{r.math_suffix(dt)}({x})"   # double: libm
   fma = "fmaf" if r.caps.fused_accumulate else None
-  return f"{r.helper('ko_exp2f', _exp2_helper('ko_exp2f', 'float', 'int32_t', 1, fma))}({x})"
+  return f"{r.helper('ko_exp2f', exp2_helper('ko_exp2f', 'float', 'int32_t', 1, fma))}({x})"
 
 class NativeCRenderer(CRenderer):
   """CRenderer for this host, its record `native_capabilities(...)` of the same arguments: `vector_width` fp32 lanes,
@@ -234,7 +167,7 @@ class NativeCRenderer(CRenderer):
   key_caps = ("march", "isa_vector_width", "vector_width", "threads", "parallel", "min_parallel_work", "interchange",
               "pin_loads", "masked_loads", "masked_stores", "split_borders", "deinterleave", "reduce_block",
               "panel_elements", "stream_stores")
-  # float32 exp2 is kernopt's own (_exp2_helper), scalar and vector alike
+  # float32 exp2 is kernopt's own (renderers/exp2_c.py), scalar and vector alike
   code_for_op = {**CRenderer.code_for_op, UnaryOps.EXP2: _native_exp2}
 
   def __init__(self, vector_width: Optional[int] = None, threads: Optional[int] = None, parallel: str = "pthread",
@@ -265,7 +198,7 @@ class NativeCRenderer(CRenderer):
     if op is UnaryOps.EXP2:
       vt, it = self.render_dtype(dt), self.render_dtype(dtypes.int32.vec(dt.count))
       fma = self._fma(dt) if self.caps.fused_accumulate else None
-      return f"{self.helper(f'ko_exp2_{vt}', _exp2_helper(f'ko_exp2_{vt}', vt, it, dt.count, fma))}({srcs[0]})"
+      return f"{self.helper(f'ko_exp2_{vt}', exp2_helper(f'ko_exp2_{vt}', vt, it, dt.count, fma))}({srcs[0]})"
     if op is TernaryOps.MULACC: return f"{self._fma(dt)}({srcs[0]}, {srcs[1]}, {srcs[2]})"
     raise UnsupportedError(f"{self.dialect_name} has no vector {op.name}")
 
