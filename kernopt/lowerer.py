@@ -40,18 +40,28 @@ def lane_substitute(c: Node, vals: dict[Variable, int]) -> Node:
   """c.substitute(vals), without building the substituted nodes for a comparison Σ terms < b (b an int, each term a
   constant, a Variable or a Variable times an int) that the bounds of the substituted sum decide: its maximum below
   b gives 1, its minimum at least b gives 0, as `_lt` decides first (Node.sum only narrows those bounds by merging
-  like terms). A gate's conjuncts are mostly decided so at every lane but the border ones."""
+  like terms). A gate's conjuncts are mostly decided so at every lane but the border ones; for those, only the terms
+  of substituted Variables are rebuilt (as constants), not the others."""
   if type(c) is LtNode and type(c.b) is int:
     lo = hi = 0
+    terms: list[Node] = []
     for t in (c.a.nodes if type(c.a) is SumNode else (c.a,)):
       v, k = (t.a, t.b) if type(t) is MulNode and type(t.b) is int else (t, 1)
-      if type(v) is NumNode: lo, hi = lo + v.b * k, hi + v.b * k
+      if type(v) is NumNode:
+        lo, hi = lo + v.b * k, hi + v.b * k
+        terms.append(t)
       elif type(v) is not Variable: break
-      elif (x := vals.get(v)) is not None: lo, hi = lo + x * k, hi + x * k
-      else: lo, hi = lo + t.min, hi + t.max
+      elif (x := vals.get(v)) is not None:
+        lo, hi = lo + x * k, hi + x * k
+        terms.append(NumNode(x * k))
+      else:
+        lo, hi = lo + t.min, hi + t.max
+        terms.append(t)
     else:
       if hi < c.b: return NumNode(1)
       if lo >= c.b: return NumNode(0)
+      # substitute's result: each term of the sum substituted (a term without a value is itself), summed, compared
+      if type(c.a) is SumNode: return Node.sum(terms).lt(c.b)
   return c.substitute({v: NumNode(x) for v, x in vals.items()})
 
 class _Lowerer(ReduceLowering, VectorLowering, Float4Lanes):
@@ -274,25 +284,38 @@ class _Lowerer(ReduceLowering, VectorLowering, Float4Lanes):
       by_off: dict[int, Any] = dict.fromkeys(offs)
       for o in by_off: by_off[o] = self.offset_index(base, b, o)
       return [by_off[o] for o in offs]
-    cache: dict[Any, UOp] = {}
     inv = {j: v for v, j in self.up_vars.items()}
-    # a conjunction is substituted conjunct by conjunct, each once per value of the upcast variables it reads
-    # (what AndNode.substitute computes, without redoing the conjuncts a lane shares with others)
-    parts = [(c, [j for j in vs if inv[j] in c.vars()]) for c in node.nodes] if isinstance(node, AndNode) else None
-    done: dict[tuple[int, ...], Node] = {}
-    def part(i: int, c: Node, cvs: list[int], ln: tuple[int, ...]) -> Node:
-      k = (i,) + tuple(ln[j] for j in cvs)
-      if (ret := done.get(k)) is None: ret = done[k] = lane_substitute(c, {inv[j]: ln[j] for j in cvs})
-      return ret
-    out = []
     key_of = itemgetter(*vs)   # a lane's values of the upcast variables node reads (one int when it reads one)
-    for ln in self.lanes:
-      if (u := cache.get(key := key_of(ln))) is None:
-        if parts is None: sub = lane_substitute(node, {inv[j]: ln[j] for j in vs})
-        else: sub = Node.ands([part(i, c, cvs, ln) for i, (c, cvs) in enumerate(parts)])
-        u = cache[key] = fix(self.render(sub))
-      out.append(u)
-    return out
+    keys = list(map(key_of, self.lanes))
+    reps = dict(zip(keys, self.lanes))   # a lane of each distinct key (their values of vs are the same)
+    cache: dict[Any, UOp] = {}
+    if not isinstance(node, AndNode):
+      for key, ln in reps.items(): cache[key] = fix(self.render(lane_substitute(node, {inv[j]: ln[j] for j in vs})))
+      return list(map(cache.__getitem__, keys))
+    # a conjunction is substituted conjunct by conjunct, each once per value of the upcast variables it reads, and
+    # its UOp built from theirs: the render of Node.ands of the substituted conjuncts, without building that node
+    parts = [(i, c, itemgetter(*cj), cj) if (cj := [j for j in vs if inv[j] in c.vars()]) else
+             (i, lane_substitute(c, {}), None, cj) for i, c in enumerate(node.nodes)]
+    done: dict[tuple, Node] = {}
+    for key, ln in reps.items():
+      terms: list[Node] = []
+      for i, c, get, cj in parts:
+        n: Optional[Node] = c if get is None else done.get(k := (i, get(ln)))
+        if n is None: n = done[k] = lane_substitute(c, {inv[j]: ln[j] for j in cj})
+        for m in (n.nodes if type(n) is AndNode else (n,)):   # Node.ands
+          if m.min > 0 or m.max < 0: continue
+          if m.min == m.max:
+            terms = [NumNode(0)]
+            break
+          if m not in terms: terms.append(m)
+        else: continue
+        break
+      if not terms: u = fix(self.const(1))
+      elif len(terms) == 1 and terms[0].min >= 0 and terms[0].max <= 1: u = fix(self.render(terms[0]))
+      else: u = functools.reduce(lambda a, b: alu(BinaryOps.AND, dtypes.bool, a, b),
+                                 [as_bool(self.render(t)) for t in terms])
+      cache[key] = u
+    return list(map(cache.__getitem__, keys))
 
   # ***** lowering of AST nodes, each to one UOp per lane (or one vector per group of lanes) *****
 

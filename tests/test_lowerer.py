@@ -588,14 +588,18 @@ def test_lane_substitute_matches_substitute():
   from kernopt.lowerer import lane_substitute
   from kernopt.shape.symbolic import NumNode
   rng = random.Random(0)
-  r, s, up = Variable("r", 0, 6), Variable("s", 0, 2), Variable("up", 0, 7)
-  for _ in range(300):
-    terms = [v * rng.choice([-8, -3, -1, 1, 2, 8]) for v in (r, s, up) if rng.random() < 0.8] + [rng.randint(-5, 5)]
+  r, s, up, up2 = Variable("r", 0, 6), Variable("s", 0, 2), Variable("up", 0, 7), Variable("up2", 0, 1)
+  for _ in range(600):
+    terms = [v * rng.choice([-8, -3, -2, -1, 1, 2, 8]) for v in (r, s, up, up2) if rng.random() < 0.8] + \
+            [rng.randint(-5, 5)]
     lhs = sum(terms[1:], terms[0])
     if not hasattr(lhs, "lt"): continue
     c = lhs.lt(rng.randint(-20, 60))
     for x in range(8):
-      assert lane_substitute(c, {up: x}) == c.substitute({up: NumNode(x)})
+      for vals in ({up: x}, {up: x, up2: x % 2}, {up2: x % 2}):
+        got, want = lane_substitute(c, vals), c.substitute({v: NumNode(y) for v, y in vals.items()})
+        # the same node, built the same way (the lowerer renders it: its structure is the source's)
+        assert got == want and repr(got) == repr(want) and type(got) is type(want), (c, vals)
 
 def _shared_nested_reduce_cases():
   """(AST, numpy of each output) for a reduce read by two outputs under different enclosing reduces (the AST fuzzer's

@@ -95,18 +95,6 @@ class Interior:
   stores: int
   accumulators: int
 
-def _structure(uops: list[UOp]) -> tuple[dict[UOp, int], dict[int, tuple[UOp, ...]]]:
-  """ENDRANGE position of each RANGE, and the enclosing RANGE/IF chain (scope) at each position."""
-  ends: dict[UOp, int] = {}
-  scopes: dict[int, tuple[UOp, ...]] = {}
-  scope: tuple[UOp, ...] = ()
-  for i, u in enumerate(uops):
-    if u.op is _ENDRANGE or u.op is _ENDIF: scope = scope[:-1]
-    if u.op is _ENDRANGE: ends[u.src[0]] = i
-    scopes[i] = scope
-    if u.op is _RANGE or u.op is _IF: scope = scope + (u,)
-  return ends, scopes
-
 def _visible(uops: list[UOp], end: int) -> tuple[tuple[UOp, ...], list[UOp]]:
   """The RANGE/IF chain open at position end, and the UOps before it that are in scope there (their own chain is a
   prefix of it: no block holding them closed before end), with the PHIs whose accumulator is in scope: a reduce's
@@ -143,10 +131,6 @@ def _load_gates(u: UOp) -> list[UOp]:
 
 def _lanes(u: UOp) -> int: return u.dtype.count if u.dtype is not None else 1
 
-def _seed(u: UOp) -> bool:
-  """What a versioned region is made of: accumulators, reduce loops, gated loads, and whatever reads them."""
-  return u.op is _ACC or (u.op is _RANGE and u.arg[1]) or _gated(u)
-
 def interior(uops: list[UOp]) -> Optional[Interior]:
   """The versioning plan of a linearized list, or None. The list needs exactly one innermost output loop (a non-reduce
   RANGE with no other inside it) holding gated loads; its region runs from the first UOp that is or reads an
@@ -157,23 +141,42 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   loop those atoms leave no common value (every tile of it touches a border) is not narrowed. When the box leaves the
   innermost output loop whole and only index math precedes the region in it, the region is that loop, RANGE to
   ENDRANGE."""
-  ends, scopes = _structure(uops)
-  gated_at = [i for i, u in enumerate(uops) if _gated(u)]
-  outs = [i for i, u in enumerate(uops) if u.op is _RANGE and not u.arg[1]]
+  # one scan: each RANGE's end, the RANGE/IF chain open at each output loop, the gated loads' positions
+  ends: dict[UOp, int] = {}
+  scope: tuple[UOp, ...] = ()
+  outs: dict[int, tuple[UOp, ...]] = {}   # output loop position -> the chain open there
+  gated_at: list[int] = []
+  for i, u in enumerate(uops):
+    op = u.op
+    if op is _LOAD:
+      if len(u.src) == 4 or masked_load(u): gated_at.append(i)
+    elif op is _ENDRANGE or op is _ENDIF:
+      scope = scope[:-1]
+      if op is _ENDRANGE: ends[u.src[0]] = i
+    elif op is _RANGE or op is _IF:
+      if op is _RANGE and not u.arg[1]: outs[i] = scope
+      scope = scope + (u,)
+  if not gated_at: return None
   tiles = []
-  for n, i in enumerate(outs):   # (an output loop nested in loop i is the next one listed)
+  pos = list(outs)
+  for n, i in enumerate(pos):   # (an output loop nested in loop i is the next one listed)
     e = ends.get(uops[i], i)
-    if not (n + 1 < len(outs) and outs[n + 1] < e) and any(i < g < e for g in gated_at): tiles.append(i)
+    if not (n + 1 < len(pos) and pos[n + 1] < e) and any(i < g < e for g in gated_at): tiles.append(i)
   if len(tiles) != 1: return None
   li = tiles[0]
   loop, le = uops[li], ends[uops[li]]
   dep: set[UOp] = set()
-  for u in uops[li + 1:le]:
-    if _seed(u) or any(s in dep for s in u.src): dep.add(u)
-  start = next(i for i in range(li + 1, le) if uops[i] in dep)
+  start = -1
+  for i in range(li + 1, le):
+    u = uops[i]
+    op = u.op
+    if op is _ACC or (op is _RANGE and u.arg[1]) or (op is _LOAD and (len(u.src) == 4 or masked_load(u))) or \
+       any(s in dep for s in u.src):
+      dep.add(u)
+      if start < 0: start = i
+    if start >= 0 and op not in _REGION_OPS: return None
   region = uops[start:le]
-  if any(u.op not in _REGION_OPS for u in region): return None
-  outer = [r for r in scopes[li] + (loop,) if r.op is _RANGE and not r.arg[1] and _const_range(r)]
+  outer = [r for r in outs[li] + (loop,) if r.op is _RANGE and not r.arg[1] and _const_range(r)]
   memo: dict[UOp, Affine] = {}
   gated = [u for u in region if _gated(u)]
   # a gated store (a PADTO'd output axis) narrows the box like a load: its gate folds in the copy too
@@ -385,7 +388,8 @@ def split_borders(uops: list[UOp], plan: Optional[Interior] = None, split: bool 
   emitted = set(visible) | keep
   def emit(x: UOp) -> None:
     if x in emitted: return
-    for s in x.src: emit(s)
+    for s in x.src:
+      if s not in emitted: emit(s)
     emitted.add(x)
     out.append(x)
   emit(outside.src[0])   # both conditions before the first IF: the two blocks then touch (uops.flops_mem counts one)
@@ -411,7 +415,8 @@ def _split_loop(uops: list[UOp], plan: Interior, li: int, memo: dict[UOp, UOp], 
   emitted = set(out)
   def emit(x: UOp) -> None:
     if x in emitted: return
-    for s in x.src: emit(s)
+    for s in x.src:
+      if s not in emitted: emit(s)
     emitted.add(x)
     out.append(x)
   enclosing = _box_cond([e for e in plan.box if e[0] is not plan.loop])

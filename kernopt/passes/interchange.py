@@ -23,10 +23,11 @@ def interchange(uops: Sequence[UOp]) -> list[UOp]:
   if r0 in r1.parents: return uops
   if r0 not in ends or r1 not in ends or ends[r0] != ends[r1] + 1: return uops
   reduces = [uops[i] for i in ranges if uops[i].arg[1]]
+  memos: dict = {}   # the loads' index expressions share their subexpressions: each is evaluated once per loop
   def streamed(ld: UOp) -> bool:
     deps = ld.src[1].parents | {ld.src[1]}
     return r1 in deps and r0 not in deps and \
-      any(red in deps and (st := reduce_stride(ld.src[1], red)) is not None and abs(st) > 1 for red in reduces)
+      any(red in deps and (st := reduce_stride(ld.src[1], red, memos)) is not None and abs(st) > 1 for red in reduces)
   load, glob = UOps.LOAD, UOps.DEFINE_GLOBAL
   if not any(u.op is load and (len(u.src) == 2 or masked_load(u)) and u.src[0].op is glob and streamed(u)
              for u in uops[i1:]): return uops

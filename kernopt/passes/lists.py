@@ -61,9 +61,13 @@ def index_value(u: UOp, env: dict[UOp, int], memo: dict[UOp, Optional[int]]) -> 
   memo[u] = ret
   return ret
 
-def reduce_stride(idx: UOp, rng: UOp) -> Optional[int]:
-  """How far index idx moves when loop rng advances by one (the other loops at 0); None if it reads memory."""
-  lo, hi = index_value(idx, {}, {}), index_value(idx, {rng: 1}, {})
+def reduce_stride(idx: UOp, rng: UOp, memos: Optional[dict[Optional[UOp], dict[UOp, Optional[int]]]] = None) \
+    -> Optional[int]:
+  """How far index idx moves when loop rng advances by one (the other loops at 0); None if it reads memory. memos:
+  index_value's memo per loop advanced (None: none), shared by calls over one list's index expressions."""
+  if memos is None: memos = {}
+  lo = index_value(idx, {}, memos.setdefault(None, {}))
+  hi = index_value(idx, {rng: 1}, memos.setdefault(rng, {}))
   return None if lo is None or hi is None else hi - lo
 
 def closure(u: UOp, stop: set[UOp]) -> list[UOp]:
