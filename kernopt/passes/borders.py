@@ -371,7 +371,9 @@ def split_borders(uops: list[UOp], plan: Optional[Interior] = None, split: bool 
   for u in visible + region:
     if u in memo or u.op is _ENDRANGE: continue
     if not u.src: memo[u] = u
-    else: memo[u] = _fold(UOp(u.op, u.dtype, tuple([memo[x] if x in memo else fast(x) for x in u.src]), u.arg))
+    else:
+      src = tuple([memo[x] if x in memo else fast(x) for x in u.src])
+      memo[u] = _fold(u if src == u.src else UOp(u.op, u.dtype, src, u.arg))   # (interned: unchanged is u itself)
   if any(u.op is _ACC and fast(u) is u for u in region): return uops   # an accumulator over no loop of the region
   shared = [u for u in region if u.op is not _ENDRANGE and fast(u) is u]
   keep = set(shared)

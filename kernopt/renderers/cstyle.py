@@ -46,11 +46,19 @@ def _int_like(dt: DType) -> bool:
   _INT_LIKE[id(dt)] = (dt, ret)
   return ret
 
+# (dialect class, dtype identity) -> (dtype, its spelling, its wide unsigned type's) for _wrap: a scalar integer type
+# is spelled from the class's type_map, registering no helper. The entry keeps the dtype alive, so its id is not reused
+_WRAP_TYPES: dict[tuple[type, int], tuple[DType, str, str]] = {}
+
 def _wrap(op: str) -> Callable[..., str]:
   """Integer `a op b` in the wide unsigned type (no signed overflow), converted back to the operand type."""
   def fn(r: CStyleLanguage, dt: DType, a: str, b: str) -> str:
     if not _int_like(dt): return f"({a}{op}{b})"
-    t, u = r.render_dtype(dt), r.render_dtype(_wide_unsigned(dt))
+    if (hit := _WRAP_TYPES.get(key := (type(r), id(dt)))) is None or hit[0] is not dt:
+      if len(_WRAP_TYPES) > 1024: _WRAP_TYPES.clear()
+      hit = (dt, r.render_dtype(dt), r.render_dtype(_wide_unsigned(dt)))
+      if dt.count == 1: _WRAP_TYPES[key] = hit
+    _, t, u = hit
     return f"({a}{op}{b})" if t == u else f"(({t})(({u}){a}{op}({u}){b}))"
   return fn
 

@@ -33,7 +33,9 @@ class ShapeTracker:
 
   def has_bound(self) -> bool:
     """Whether any view holds a bound Variable."""
-    return any(v.has_bound() for v in self.views)
+    b = self.__dict__.get("_has_bound")
+    if b is None: object.__setattr__(self, "_has_bound", b := any(v.has_bound() for v in self.views))
+    return b
 
   @staticmethod
   def from_shape(shape: Sequence[sint]) -> ShapeTracker:
