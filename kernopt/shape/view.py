@@ -46,8 +46,9 @@ def _smin(a: sint, b: sint) -> sint:
 def _bound_in(x: Any) -> bool:
   t = type(x)
   if t is tuple:
-    for y in x:
-      if type(y) is not int and _bound_in(y): return True
+    for y in x:   # (a View, the common argument, keeps its answer)
+      if type(y) is not int and ((b := y.__dict__.get("_has_bound") if type(y) is View else None) or
+                                 (b is None and _bound_in(y))): return True
     return False
   if t is int or x is None: return False
   if isinstance(x, Node): return any(v.val is not None for v in x.vars())
