@@ -301,8 +301,12 @@ class Kernel(LoopNest):
       hi = bounds[i][1]
       return max([0, hi if isinstance(hi, int) else hi.max] + [b.st.real_size() for b in uses[i]])
     # the signature is what was rendered: a buffer whose loads all folded away is no parameter of the source
-    rendered = {u.arg[0] for u in self.uops if u.op is UOps.DEFINE_GLOBAL}
-    var_dts = {u.arg.expr: u.dtype for u in self.uops if u.op is UOps.DEFINE_VAR}
+    rendered: set[int] = set()
+    var_dts: dict[str, Any] = {}
+    glob, var = UOps.DEFINE_GLOBAL, UOps.DEFINE_VAR   # (an Enum class attribute costs ~0.1 us on Python 3.11)
+    for u in self.uops:
+      if u.op is glob: rendered.add(u.arg[0])
+      elif u.op is var: var_dts[u.arg.expr] = u.dtype
     args = tuple(BufferArg(i, uses[i][0].dtype, min_size(i) if i in rendered else 0, i in stored, i in rendered)
                  for i in sorted(uses))
     args = tuple(replace(a, lo=bounds[a.idx][0], hi=bounds[a.idx][1]) if a.idx in rendered else a for a in args)

@@ -10,10 +10,12 @@ from kernopt.uops import UOp, UOps
 
 _FIRST = {UOps.DEFINE_GLOBAL: 0, UOps.DEFINE_VAR: 1, UOps.DEFINE_LOCAL: 2, UOps.SPECIAL: 3, UOps.CONST: 4}
 
+_DEFINE_GLOBAL, _DEFINE_VAR, _SPECIAL = UOps.DEFINE_GLOBAL, UOps.DEFINE_VAR, UOps.SPECIAL
+
 def _param_key(u: UOp) -> tuple:
-  if u.op is UOps.DEFINE_GLOBAL: return (u.arg[0],)
-  if u.op is UOps.DEFINE_VAR: return (u.arg.expr,)
-  if u.op is UOps.SPECIAL: return (u.arg[1],)
+  if u.op is _DEFINE_GLOBAL: return (u.arg[0],)
+  if u.op is _DEFINE_VAR: return (u.arg.expr,)
+  if u.op is _SPECIAL: return (u.arg[1],)
   return ()
 
 def order_uops(sink: UOp) -> list[UOp]:

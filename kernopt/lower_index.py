@@ -28,6 +28,7 @@ class Wide(Exception):
 
 # an enum member as a module constant: an attribute of an Enum class costs ~0.15 us on Python 3.11
 _ALU = UOps.ALU
+_ADD, _MUL, _AND, _CMPLT = BinaryOps.ADD, BinaryOps.MUL, BinaryOps.AND, BinaryOps.CMPLT
 def alu(op: Any, dt: Optional[DType], *src: UOp) -> UOp: return UOp(_ALU, dt, src, op)
 
 def _operand(b: Any, ops: Any, ctx: Any) -> UOp: return ctx.const(b) if isinstance(b, int) else b.render(ops, ctx)
@@ -48,14 +49,14 @@ def as_bool(u: UOp) -> UOp:
 RENDER_OPS: dict[type, Any] = {
   Variable: _cached(lambda n, ops, ctx: ctx.var_uop(n)),
   NumNode: lambda n, ops, ctx: ctx.const(n.b),
-  MulNode: _cached(lambda n, ops, ctx: alu(BinaryOps.MUL, ctx.idx_dt, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
+  MulNode: _cached(lambda n, ops, ctx: alu(_MUL, ctx.idx_dt, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
   DivNode: _cached(lambda n, ops, ctx: alu(BinaryOps.IDIV, ctx.idx_dt, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
   ModNode: _cached(lambda n, ops, ctx: alu(BinaryOps.MOD, ctx.idx_dt, n.a.render(ops, ctx), _operand(n.b, ops, ctx))),
-  LtNode: _cached(lambda n, ops, ctx: alu(BinaryOps.CMPLT, dtypes.bool, n.a.render(ops, ctx),
+  LtNode: _cached(lambda n, ops, ctx: alu(_CMPLT, dtypes.bool, n.a.render(ops, ctx),
                                           _operand(n.b, ops, ctx))),
-  SumNode: _cached(lambda n, ops, ctx: functools.reduce(lambda a, b: alu(BinaryOps.ADD, ctx.idx_dt, a, b),
+  SumNode: _cached(lambda n, ops, ctx: functools.reduce(lambda a, b: alu(_ADD, ctx.idx_dt, a, b),
                                                         [x.render(ops, ctx) for x in n.nodes])),
-  AndNode: _cached(lambda n, ops, ctx: functools.reduce(lambda a, b: alu(BinaryOps.AND, dtypes.bool, a, b),
+  AndNode: _cached(lambda n, ops, ctx: functools.reduce(lambda a, b: alu(_AND, dtypes.bool, a, b),
                                                         [as_bool(x.render(ops, ctx)) for x in n.nodes])),
 }
 

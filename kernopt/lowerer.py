@@ -28,7 +28,7 @@ from kernopt.uops import UOp, UOps
 
 # enum members as module constants: an attribute of an Enum class costs ~0.15 us on Python 3.11
 _ALU, _CONST, _LOAD, _STORE = UOps.ALU, UOps.CONST, UOps.LOAD, UOps.STORE
-_ADD, _WHERE = BinaryOps.ADD, TernaryOps.WHERE
+_ADD, _AND, _WHERE = BinaryOps.ADD, BinaryOps.AND, TernaryOps.WHERE
 _ELEMENTWISE = (UnaryOps, BinaryOps, TernaryOps)
 _UNSET: Any = object()
 
@@ -273,7 +273,7 @@ class _Lowerer(ReduceLowering, VectorLowering, Float4Lanes):
     vs = [j for v, j in self.up_vars.items() if v in node_vars]
     def fix(u: UOp) -> UOp:
       if not is_bool: return u
-      return as_bool(u) if u.op is not UOps.CONST else UOp.const(dtypes.bool, u.arg)
+      return as_bool(u) if u.op is not _CONST else UOp.const(dtypes.bool, u.arg)
     if not vs: return [fix(self.render(node))] * len(self.lanes)
     if not is_bool and (lin := self.linear_of(node)) is not None:
       base, strides = lin
@@ -312,7 +312,7 @@ class _Lowerer(ReduceLowering, VectorLowering, Float4Lanes):
         break
       if not terms: u = fix(self.const(1))
       elif len(terms) == 1 and terms[0].min >= 0 and terms[0].max <= 1: u = fix(self.render(terms[0]))
-      else: u = functools.reduce(lambda a, b: alu(BinaryOps.AND, dtypes.bool, a, b),
+      else: u = functools.reduce(lambda a, b: alu(_AND, dtypes.bool, a, b),
                                  [as_bool(self.render(t)) for t in terms])
       cache[key] = u
     return list(map(cache.__getitem__, keys))

@@ -18,6 +18,7 @@ from kernopt.uops import UOp, UOps
 
 _ALU, _CONST, _LOAD, _STORE, _PHI = UOps.ALU, UOps.CONST, UOps.LOAD, UOps.STORE, UOps.PHI
 _RANGE, _ENDRANGE, _ACC, _IF, _ENDIF = UOps.RANGE, UOps.ENDRANGE, UOps.DEFINE_ACC, UOps.IF, UOps.ENDIF
+_CAST = UOps.CAST
 _ADD, _MUL, _CMPLT, _AND, _WHERE = BinaryOps.ADD, BinaryOps.MUL, BinaryOps.CMPLT, BinaryOps.AND, TernaryOps.WHERE
 # what a versioned region may hold: the reduce loops, their accumulators, loads, index and value math, stores
 _REGION_OPS = frozenset((_ALU, _CONST, _LOAD, _STORE, _PHI, _RANGE, _ENDRANGE, _ACC, UOps.CAST, UOps.BITCAST, _IF,
@@ -65,7 +66,7 @@ def _store_gates(g: UOp) -> list[UOp]:
   """A guarded store's gate, or the gates a masked vector store's int32 lane mask is built of (load_masks.lane_mask:
   CAST(gate) * bits terms, a shared conjunct as a WHERE's condition)."""
   if g.dtype == dtypes.bool: return [g]
-  return [x for s in g.src for x in _store_gates(s)] if g.op is _ALU or g.op is UOps.CAST else []
+  return [x for s in g.src for x in _store_gates(s)] if g.op is _ALU or g.op is _CAST else []
 
 def _less_form(atom: UOp, memo: dict[UOp, Affine]) -> Optional[Affine]:
   """For an index comparison a < b, the form f of a - b (the atom holds iff f <= -1); None for any other atom."""
@@ -203,7 +204,7 @@ def interior(uops: list[UOp]) -> Optional[Interior]:
   # a box over enclosing loops only (a PADTO'd outer axis of an interchanged matmul tile) versions the tile loop whole:
   # its IF is met once per outer iteration, and the copy's tile loop is a plain nest that reduce blocking and panel
   # packing take (matmul 1000x1000x999 at width 8: PADTO 16 on the column tiles)
-  if loop not in box and _const_range(loop) and all(u.op in (_ALU, _CONST, UOps.CAST) for u in uops[li + 1:start]):
+  if loop not in box and _const_range(loop) and all(u.op in (_ALU, _CONST, _CAST) for u in uops[li + 1:start]):
     start, le = li, le + 1
     region = uops[start:le]
   fraction = 1.0
@@ -264,7 +265,7 @@ def _fold(u: UOp) -> UOp:
     if len(src) == 4 and src[3].op is _CONST and (src[3].arg is True or src[2].dtype is not None and
                                                  src[3].arg == (1 << src[2].dtype.count) - 1):
       return UOp(_STORE, u.dtype, src[:3])
-  elif op is UOps.CAST and src[0].op is _CONST and src[0].arg is True and _int32(u.dtype):
+  elif op is _CAST and src[0].op is _CONST and src[0].arg is True and _int32(u.dtype):
     return UOp.const(dtypes.int32, 1)
   return u
 
@@ -312,7 +313,7 @@ def _splits_loop(uops: list[UOp], plan: Interior) -> Optional[int]:
   if not interchanged(uops) or all(r is not plan.loop for r, _, _ in plan.box) or not _const_range(plan.loop) or \
      any(lo != vmin(r) for r, lo, _ in plan.box): return None
   li = uops.index(plan.loop)
-  if li >= plan.start or any(u.op not in (_ALU, _CONST, UOps.CAST) for u in uops[li + 1:plan.start]): return None
+  if li >= plan.start or any(u.op not in (_ALU, _CONST, _CAST) for u in uops[li + 1:plan.start]): return None
   return li
 
 def split_borders(uops: list[UOp], plan: Optional[Interior] = None, split: bool = True) -> list[UOp]:
@@ -342,7 +343,7 @@ def split_borders(uops: list[UOp], plan: Optional[Interior] = None, split: bool 
   ranges = {u for u in region if u.op is _RANGE}
   memo: dict[UOp, UOp] = {a: true for a in plan.folded}
   for r in here:
-    if r.op is _RANGE: memo[r] = UOp(UOps.CAST, r.dtype, (r,))
+    if r.op is _RANGE: memo[r] = UOp(_CAST, r.dtype, (r,))
   if li is not None:   # the copy's own tile loop, over the box
     lo, hi = next((lo, hi) for r, lo, hi in plan.box if r is plan.loop)
     idt = plan.loop.dtype or dtypes.int32

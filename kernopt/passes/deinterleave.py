@@ -47,7 +47,7 @@ def deinterleave(uops: Sequence[UOp], masked: bool = False) -> list[UOp]:
   closed = UOp.const(dtypes.bool, False)
   listed: set[UOp] = set()
   for u in uops:
-    if u in repl or (hit := stride2_lanes(u, masked)) is None: continue
+    if u.op is not _VECTORIZE or u in repl or (hit := stride2_lanes(u, masked)) is None: continue
     buf, i0, gates = hit
     n, vdt = len(u.src), u.dtype
     i1 = UOp(_ALU, i0.dtype, (i0, UOp.const(i0.dtype, n - 1)), BinaryOps.ADD)   # type: ignore[arg-type]

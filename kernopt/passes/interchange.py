@@ -7,6 +7,7 @@ from kernopt.passes.lists import loop_ends, masked_load, ranges_of, reduce_strid
 from kernopt.uops import UOp, UOps
 
 _INDEX_MATH = (UOps.ALU, UOps.CONST, UOps.CAST)
+_RANGE = UOps.RANGE
 
 def interchange(uops: Sequence[UOp]) -> list[UOp]:
   """Swap the two outermost loops when both are non-reduce, perfectly nested (only index math between them: ALU ops,
@@ -40,7 +41,7 @@ def interchanged(uops: Sequence[UOp]) -> bool:
   tiles only."""
   axes: list[int] = []
   for u in uops:
-    if u.op is UOps.RANGE and not u.arg[1] and isinstance(u.arg[0], int):
+    if u.op is _RANGE and not u.arg[1] and isinstance(u.arg[0], int):
       axes.append(u.arg[0])
       if len(axes) == 2: return axes[0] > axes[1]
   return False

@@ -10,13 +10,14 @@ from kernopt.uops import UOp, UOps
 
 _ALU, _CONST, _RANGE, _ENDRANGE, _DEFINE_VAR, _CAST = \
   UOps.ALU, UOps.CONST, UOps.RANGE, UOps.ENDRANGE, UOps.DEFINE_VAR, UOps.CAST
+_LOAD, _IF, _ENDIF = UOps.LOAD, UOps.IF, UOps.ENDIF
 
 _I32 = dtypes.int32
 
 def masked_load(u: UOp) -> bool:
   """A masked vector LOAD(buf, index, int32 lane mask): lane t is read where bit t of the mask is set, +0.0
   elsewhere (the lowerer's load of a padded window's or PADTO'd tile's gated lanes)."""
-  return u.op is UOps.LOAD and len(u.src) == 3 and ((d := u.src[2].dtype) is _I32 or d == _I32)
+  return u.op is _LOAD and len(u.src) == 3 and ((d := u.src[2].dtype) is _I32 or d == _I32)
 
 def ranges_of(uops: Sequence[UOp]) -> list[int]:
   """The positions of the RANGEs, in list order."""
@@ -133,12 +134,12 @@ def define_before_use(uops: Sequence[UOp]) -> list[UOp]:
     done.add(s)
     moved[s] = scope
   for i, u in enumerate(uops):
-    if u.op is UOps.ENDRANGE or u.op is UOps.ENDIF: scope = scope[:-1]
+    if u.op is _ENDRANGE or u.op is _ENDIF: scope = scope[:-1]
     if (sc := moved.get(u)) is not None and scope[:len(sc)] == sc: continue   # the early copy is visible here
     for s in u.src: ensure(s, i)
     out.append(u)
     done.add(u)
-    if u.op is _RANGE or u.op is UOps.IF: scope = scope + (u,)
+    if u.op is _RANGE or u.op is _IF: scope = scope + (u,)
   return out
 
 _PURE = frozenset((UOps.LOAD, _ALU, _CONST, UOps.GEP, UOps.VECTORIZE, _CAST, UOps.BITCAST))

@@ -23,7 +23,9 @@ def _fma_reach(uops: Sequence[UOp]) -> set[UOp]:
   return reach
 
 def _has_alu(uops: Sequence[UOp], arg: object) -> bool:
-  return any(u.op is _ALU and u.arg is arg for u in uops)
+  for u in uops:
+    if u.arg is arg and u.op is _ALU: return True
+  return False
 
 def sign_bit_negate(uops: Sequence[UOp]) -> list[UOp]:
   """uops with each scalar float32/float64 NEG of a value that reaches a MULACC replaced by a flip of its sign bit

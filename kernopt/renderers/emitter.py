@@ -68,6 +68,7 @@ _DEFINE_GLOBAL, _DEFINE_LOCAL, _DEFINE_VAR, _ENDIF, _ENDRANGE, _GEP, _IF = \
   UOps.DEFINE_GLOBAL, UOps.DEFINE_LOCAL, UOps.DEFINE_VAR, UOps.ENDIF, UOps.ENDRANGE, UOps.GEP, UOps.IF
 _LOAD, _PHI, _RANGE, _SINK, _SPECIAL, _STORE, _VECTORIZE, _WMMA = \
   UOps.LOAD, UOps.PHI, UOps.RANGE, UOps.SINK, UOps.SPECIAL, UOps.STORE, UOps.VECTORIZE, UOps.WMMA
+_WHERE = TernaryOps.WHERE
 
 def _const_memo(lang: CStyleLanguage) -> dict[tuple, tuple[DType, str, tuple[tuple[str, str], ...]]]:
   """The render_const results of dialect instance lang: (value type, value, id(dtype)) -> (dtype, spelling, helpers
@@ -166,7 +167,7 @@ class Emitter:
     for u in uops:
       op, src = u.op, u.src
       if op is _ALU:  # the most common kinds first
-        opdt = dtype_of(src[1] if u.arg is TernaryOps.WHERE else src[0])
+        opdt = dtype_of(src[1] if u.arg is _WHERE else src[0])
         self.value(u, lang.render_alu(u.arg, opdt, [r[s] for s in src]), uses.get(u, 0))
       elif op is _CONST: r[u] = self.const(u.arg, dtype_of(u))
       elif op is _LOAD: self.load(u)

@@ -109,9 +109,8 @@ def _check_mask(mask: Any, shape: tuple[sint, ...]) -> Mask:
   return ret
 
 def _as_tuple(arg: Any, op: str, shape: tuple[sint, ...]) -> tuple:
-  try: ret = tuple(arg)
+  try: return tuple(arg)
   except TypeError: raise ShapeError(f"{op}: argument {arg!r} for shape {shape} is not a sequence") from None
-  return ret
 
 def _as_ints(arg: Any, op: str, shape: tuple[sint, ...]) -> tuple[int, ...]:
   """arg as a tuple of ints (numpy integers become ints; bools, floats and Nodes are refused before any cache)."""
@@ -122,6 +121,7 @@ def _as_ints(arg: Any, op: str, shape: tuple[sint, ...]) -> tuple[int, ...]:
   return tuple(operator.index(x) for x in ret)
 
 def _as_shape(arg: Any, op: str, shape: tuple[sint, ...]) -> tuple[sint, ...]:
+  if type(arg) is tuple and all(type(x) is int and 0 <= x < _LIMIT for x in arg): return arg   # (the common case)
   return tuple(_dim(x, op, arg) for x in _as_tuple(arg, op, shape))
 
 def _as_pairs(arg: Any, op: str, shape: tuple[sint, ...]) -> tuple[tuple[sint, sint], ...]:
