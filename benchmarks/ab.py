@@ -6,8 +6,10 @@ The figure per workload is the median over rounds of the within-round ratio base
 this tree is faster). Codegen also gets each tree's least thread time over every repeat and round, and their ratio:
 on a host whose speed changes for seconds at a time (a shared vCPU), medians move with it, the least CPU time of
 each tree much less.
+With --pairs N, each workload's cold codegen is also timed in one long-lived process per tree, the two alternated call
+by call, N pairs: the median of the per-pair ratios.
 Usage: python3 benchmarks/ab.py --base REV [--rounds 5] [--repeats 7] [--workloads W1,W4] [--threads 1,2]
-                                [--profile native|static] [--asts benchmarks/asts/mlp_l1.json,...]"""
+                                [--profile native|static] [--asts benchmarks/asts/mlp_l1.json,...] [--pairs 200]"""
 from __future__ import annotations
 import argparse
 import json
@@ -81,6 +83,58 @@ for path in [p for p in sys.argv[6].split(",") if p]:
 print(json.dumps(out))
 '''
 
+# a tree's codegen server for the paired measurement: reads a workload name or an AST file path per line, answers the
+# thread time of one cold codegen of it (a freshly built AST, the standard protocol, to_program)
+PAIRED_DRIVER = r'''
+import os, sys, time
+tree = sys.argv[1]
+sys.path[:0] = [tree, os.path.join(tree, "benchmarks"), os.path.join(tree, "tests")]
+import kernopt
+from workloads import workloads
+from kernopt.kernel import Kernel
+from kernopt.runtime import Device
+dev = Device.open("CPU", threads=int(sys.argv[2]))
+all_w = workloads()
+for line in sys.stdin:
+  n = line.strip()
+  ast = all_w[n].build() if n in all_w else kernopt.load(n)
+  c0 = time.thread_time()
+  k = Kernel(ast, opts=dev.renderer).required_optimizations()
+  if not k.apply_tensor_cores(): k.hand_coded_optimizations()
+  k.to_program()
+  print(time.thread_time() - c0, flush=True)
+'''
+
+def paired_codegen(base: str, names: list[str], pairs: int, threads: int) -> dict[str, tuple[float, float, float]]:
+  """Cold codegen of each workload (name, or AST file path) timed in one long-lived process per tree, the two
+  alternated call by call (the first of each pair swapped every pair), so both meet the same host speed within a few
+  milliseconds: per workload (median base/this ratio over the pairs, base's median ms, this tree's median ms)."""
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  procs = {who: subprocess.Popen([sys.executable, "-c", PAIRED_DRIVER, tree, str(threads)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
+           for who, tree in (("base", base), ("this", ROOT))}
+  def once(who: str, n: str) -> float:
+    p = procs[who]
+    assert p.stdin is not None and p.stdout is not None
+    p.stdin.write(n + "\n")
+    p.stdin.flush()
+    if not (ans := p.stdout.readline()): raise SystemExit(f"{who}: the paired codegen of {n} failed")
+    return float(ans)
+  out = {}
+  try:
+    for n in names:
+      once("base", n), once("this", n)   # warm-up: imports and first-call caches
+      t: dict[str, list[float]] = {"base": [], "this": []}
+      for i in range(pairs):
+        for who in (("base", "this") if i % 2 == 0 else ("this", "base")): t[who].append(once(who, n))
+      out[n] = (statistics.median(b / h for b, h in zip(t["base"], t["this"])), 1e3 * statistics.median(t["base"]),
+                1e3 * statistics.median(t["this"]))
+  finally:
+    for p in procs.values():
+      if p.stdin is not None: p.stdin.close()
+      p.wait()
+  return out
+
 def export(rev: str, dest: str) -> str:
   """The tree of git revision `rev` under `dest` (kernopt, benchmarks and tests only)."""
   archive = subprocess.run(["git", "-C", ROOT, "archive", rev, "kernopt", "benchmarks", "tests"], check=True,
@@ -109,6 +163,9 @@ def main() -> None:
   ap.add_argument("--workloads", default="")
   ap.add_argument("--threads", default="1")
   ap.add_argument("--profile", default="native", choices=("native", "static"))
+  ap.add_argument("--pairs", type=int, default=0,
+                  help="also time cold codegen as this many pairs alternated call by call between two long-lived "
+                       "processes (the median of the per-pair ratios: robust to a host whose speed drifts)")
   ap.add_argument("--asts", default="benchmarks/asts/mlp_l1.json",
                   help="AST files (comma-separated, from this tree) whose cold codegen is timed too (issue 16: "
                        "the MLP's 64x784x256 matmul)")
@@ -161,6 +218,10 @@ def main() -> None:
         print(f"  {n}: codegen {1e3 * b['codegen_s']:.2f} -> {1e3 * h['codegen_s']:.2f} ms, base/this "
               f"{statistics.median(cg_ratios[n]):.3f}x, least cpu {_least(cg_min.get(n))}  "
               f"{'same opts' if b['opts'] == h['opts'] else 'other opts'}")
+      if a.pairs:
+        paired = paired_codegen(base, names + list(asts), a.pairs, t)
+        print(f"  paired codegen ({a.pairs} alternated pairs, one process per tree): " + "; ".join(
+          f"{os.path.basename(n)} {bm:.2f} -> {hm:.2f} ms {r:.2f}x" for n, (r, bm, hm) in paired.items()))
   print("kernel base/this > 1: this tree's kernel is faster; ms columns are the last round's medians; least cpu: "
         "each tree's least codegen thread time over every repeat and round, and their ratio (a host with slow "
         "phases moves the medians; a quiet moment of each tree is still met)")
