@@ -27,14 +27,15 @@ def _pin(r: Any, **attrs: Any) -> Any:
   return r
 
 def _native(width: int, level: str) -> Callable[[], Any]:
-  """The native CPU profile as an x86-64 `level` host with `width` fp32 lanes and 2 cores would build it. march is
-  "native" only so the constructor never refuses on this host; its ISA facts and load pinning are then fixed. (A
-  commit compared with --against that predates ISA_LEVELS gets the same profile without them.)"""
+  """The native CPU profile as an x86-64 `level` host with `width` fp32 lanes, 2 cores and a 512 KiB L2 would build
+  it. march is "native" only so the constructor never refuses on this host; its ISA facts, load pinning and blocking
+  are then fixed. (A commit compared with --against that predates ISA_LEVELS or l2_bytes gets the same profile
+  without them.)"""
   def make() -> Any:
     from kernopt.renderers import native
     fma = level != "x86-64-v2"
     kw: dict[str, Any] = {"vector_width": width, "threads": 2, "parallel": "pthread", "fused_accumulate": fma,
-                          "march": "native"}
+                          "march": "native", "l2_bytes": 512 << 10}
     if (levels := getattr(native, "ISA_LEVELS", None)) is not None: kw["isa"] = levels[level]
     accepted = inspect.signature(native.NativeCRenderer).parameters
     r = native.NativeCRenderer(**{k: v for k, v in kw.items() if k in accepted})

@@ -130,7 +130,7 @@ def test_collapse_rules():
   """Only a non-reduce loop with constant bounds, nested right inside the parallel loop, and never a reduce block."""
   from kernopt.renderers.native import collapsed_loop, native_context
   from kernopt.uops import Mark
-  r = NativeCRenderer(vector_width=8, threads=2, min_parallel_work=0)
+  r = NativeCRenderer(vector_width=8, threads=2, min_parallel_work=0, l2_bytes=512 << 10)   # K = 1024 in 4 blocks
   zero, four = UOp.const(dtypes.int32, 0), UOp.const(dtypes.int32, 4)
   outer = UOp(UOps.RANGE, dtypes.int32, (zero, four), (0, False))
   inner = UOp(UOps.RANGE, dtypes.int32, (zero, four), (1, False))

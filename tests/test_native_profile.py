@@ -17,7 +17,7 @@ from kernopt.kernel import Kernel, Opt, OptOps
 from kernopt.passes import interchange, reduce_blocking, vectorize
 from kernopt.renderers import get_renderer
 from kernopt.renderers.cstyle import CRenderer
-from kernopt.renderers.native import NativeCRenderer, host_vector_width
+from kernopt.renderers.native import NativeCRenderer, blocking, host_l2_bytes, host_vector_width
 from kernopt.runtime import Buffer, Device
 from kernopt.runtime import cpu
 from kernopt.uops import ReduceBlock, UOps, loop_mark
@@ -520,6 +520,51 @@ def test_reduce_block_needs_four_blocks_and_the_interchange():
   ew = lin("add", scale="large")
   assert reduce_blocking(ew, 256) == ew
 
+def _fake_sysfs(tmp_path, caches):
+  for i, (level, kind, size) in enumerate(caches):
+    d = tmp_path / f"index{i}"
+    d.mkdir()
+    (d / "level").write_text(f"{level}\n")
+    (d / "type").write_text(f"{kind}\n")
+    (d / "size").write_text(f"{size}\n")
+  return str(tmp_path)
+
+@pytest.mark.parametrize("caches,want", [
+  ([(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"), (3, "Unified", "32768K")], 1 << 20),
+  ([(2, "Unified", "2M")], 2 << 20),
+  ([(1, "Data", "48K"), (2, "Unified", "1280K")], 1280 << 10),
+  ([(2, "Unified", "64K")], 512 << 10),     # below L2_BOUNDS: a VM's made-up figure, the 512 KiB base instead
+  ([(2, "Unified", "1G")], 512 << 10),
+  ([(1, "Data", "32K")], 512 << 10),        # no L2
+  ([(2, "Unified", "lots")], 512 << 10),
+])
+def test_host_l2_from_sysfs(tmp_path, caches, want):
+  assert host_l2_bytes.__wrapped__(_fake_sysfs(tmp_path, caches)) == want
+  assert host_l2_bytes.__wrapped__(str(tmp_path / "absent")) == 512 << 10
+
+def test_blocking_scales_with_l2():
+  """reduce_block and panel_elements were measured on 512 KiB; they scale in powers of two with the L2, rounded down."""
+  assert blocking(512 << 10) == (256, 32768) and blocking(768 << 10) == (256, 32768)
+  assert blocking(1 << 20) == (512, 65536) and blocking(1280 << 10) == (512, 65536)
+  assert blocking(256 << 10) == (128, 16384) and blocking(4 << 20) == (2048, 262144)
+  r = NativeCRenderer(vector_width=16, threads=1, l2_bytes=1 << 20)
+  assert (r.caps.reduce_block, r.caps.panel_elements) == (512, 65536)
+  for bad in (1000, 1 << 30, 2.0 ** 20, "1M", True):
+    with pytest.raises(UnsupportedError, match="l2_bytes"): NativeCRenderer(threads=1, l2_bytes=bad)
+
+@needs_cc
+@pytest.mark.parametrize("width", WIDTHS)
+def test_l2_sized_blocking_on_numbers(width):
+  """matmul 512^3 blocked in 4 reduce blocks of 128 (a 256 KiB L2) and unblocked with its whole panel packed (1 MiB):
+  both numpy's numbers, and the same bits (the same additions in the same order)."""
+  case, dev = get("matmul_512", "large"), Device.open("CPU", threads=1)
+  res = [_run_matmul(case, NativeCRenderer(vector_width=width, threads=1, l2_bytes=l2), dev)
+         for l2 in (256 << 10, 1 << 20)]
+  (small_src, small, want), (big_src, big, _) = res
+  assert "*128; " in small_src and "*128; " not in big_src and "panel" in big_src
+  assert small.tobytes() == big.tobytes()
+  np.testing.assert_allclose(big[:want.size], want, rtol=1e-3, atol=1e-3)
+
 # ***** the whole small catalogue on the native multi-core device *****
 
 CASES = [c.name for c in catalogue.catalogue("small")]
@@ -682,13 +727,13 @@ def test_exp2_helper_builds_with_every_c_compiler_and_gives_the_scalar_bits(cc, 
 def test_a_reduce_no_block_divides_takes_the_largest_divisor_in_half_to_one_block(k_len, steps):
   """K = 784 and 1000 are no multiples of the 256-step block: the reduce is split into blocks of the largest divisor
   of K in [128, 256] (196, 250), with the same bits as the unsplit kernel and numpy's numbers; K = 999 has none
-  there (3^3 x 37) and stays unsplit."""
+  there (3^3 x 37) and stays unsplit. (256 steps: the blocking of a 512 KiB L2, pinned.)"""
   from catalogue import _matmul_ast
   ast, rng = _matmul_ast(32, 32, k_len), np.random.default_rng(k_len)
   a, b = rng.standard_normal((32, k_len)).astype(np.float32), rng.standard_normal((k_len, 32)).astype(np.float32)
   dev, outs = Device.open("CPU", threads=1), []
   for block in (256, 0):   # the profile as it is (panel packing too), then neither
-    r = NativeCRenderer(vector_width=8, threads=1)
+    r = NativeCRenderer(vector_width=8, threads=1, l2_bytes=512 << 10)
     if not block: r.caps = replace(r.caps, reduce_block=0, panel_elements=0)
     prg = protocol(ast, r).to_program()
     marks = [m for u in prg.uops if u.op is UOps.RANGE and isinstance(m := loop_mark(u), ReduceBlock)]

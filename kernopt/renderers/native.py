@@ -24,6 +24,8 @@ from kernopt.uops import Mark, ReduceBlock, UOp, UOps, loop_mark
 PARALLEL_MODES = ("pthread", "openmp", "none")
 # ALU ops + bytes moved below which a kernel runs on one thread: starting workers costs more than it saves
 MIN_PARALLEL_WORK = 1 << 20
+# the L2 per core that REDUCE_BLOCK and PANEL_ELEMENTS were measured on (Zen 3); a host's own scales both
+BASE_L2 = 512 << 10
 # reduce steps per block when a matmul-like kernel's reduce is split (reduce blocking): its B panel then stays in L2
 REDUCE_BLOCK = 256
 # a loop-free-but-one elementwise kernel storing at least this many float32 elements writes them with non-temporal
@@ -31,6 +33,8 @@ REDUCE_BLOCK = 256
 STREAM_MIN = 1 << 22
 # a packed B panel of at most this many elements (128 KiB of float32: a 512^3 matmul's whole K x 16 panel)
 PANEL_ELEMENTS = 32768
+# an L2 size read from sysfs is taken only inside these bounds (a VM may report anything)
+L2_BOUNDS = (256 << 10, 4 << 20)
 # chunks per thread of a collapsed parallel loop (a plain one gets 4: matmul 1024^3's 64 panels in 32 chunks measured
 # 1.5x on 2 threads against 1.7x in 8)
 CHUNKS_PER_THREAD = 16
@@ -53,6 +57,30 @@ def host_vector_width(cpuinfo: str = "/proc/cpuinfo") -> int:
 def host_has_fma(cpuinfo: str = "/proc/cpuinfo") -> bool:
   """Whether the host fuses multiply-add in hardware (x86 FMA3; every AArch64 core), so fmaf is one instruction."""
   return "fma" in host_cpu_flags(cpuinfo) or platform.machine().lower() in ("aarch64", "arm64")
+
+@functools.lru_cache(None)
+def host_l2_bytes(sysfs: str = "/sys/devices/system/cpu/cpu0/cache") -> int:
+  """The first core's L2 (its unified or data cache of level 2) in bytes, from sysfs; BASE_L2 when unreadable or
+  outside L2_BOUNDS."""
+  try:
+    for index in sorted(os.listdir(sysfs)):
+      def read(name: str) -> str:
+        with open(os.path.join(sysfs, index, name)) as f: return f.read().strip()
+      if not index.startswith("index") or read("level") != "2" or read("type") not in ("Unified", "Data"): continue
+      size = read("size")
+      n = int(size[:-1]) * {"K": 1 << 10, "M": 1 << 20}[size[-1]] if size[-1:] in ("K", "M") else int(size)
+      return n if L2_BOUNDS[0] <= n <= L2_BOUNDS[1] else BASE_L2
+  except (OSError, ValueError): pass
+  return BASE_L2
+
+def blocking(l2_bytes: int) -> tuple[int, int]:
+  """(reduce_block, panel_elements) for an L2 of l2_bytes: REDUCE_BLOCK and PANEL_ELEMENTS scaled from BASE_L2 (a
+  power-of-two multiple of it, rounded down, at least a quarter). On a 1 MiB L2 (AMD Zen 4) matmul 1024^3 then runs
+  unblocked with its whole 1024 x 64 panel packed: 1 thread 107 -> 110 GF/s, 1000x999x1000 106 -> 109, 2048^3
+  92 -> 98 (alternated runs)."""
+  scale = max(1, l2_bytes * 4 // BASE_L2)
+  scale = 1 << (scale.bit_length() - 1)
+  return REDUCE_BLOCK * scale // 4, PANEL_ELEMENTS * scale // 4
 
 # inline-asm register class of the host's vector registers (None: loads are not pinned)
 _VECTOR_REG = {"x86_64": "x", "amd64": "x", "i686": "x", "aarch64": "w", "arm64": "w"}
@@ -122,11 +150,13 @@ def _check_threads(n: Any) -> int:
 
 def native_capabilities(vector_width: Optional[int] = None, threads: Optional[int] = None, parallel: str = "pthread",
                         min_parallel_work: int = MIN_PARALLEL_WORK, fused_accumulate: Optional[bool] = None,
-                        march: Optional[str] = None, isa: Optional[IsaFacts] = None) -> Capabilities:
+                        march: Optional[str] = None, isa: Optional[IsaFacts] = None,
+                        l2_bytes: Optional[int] = None) -> Capabilities:
   """The native profile's record: the static C profile's, filled in from the host. `isa` (a target other than this
   host: no host check; default: isa_facts(march)) gives the ISA, the default vector width and whether float32 SUMs of
   products fuse (MULACC in one rounding, as BLAS does); `threads` defaults to CPU_THREADS, else the cores the process
-  may use, and one thread runs with `parallel` "none"."""
+  may use, and one thread runs with `parallel` "none"; `l2_bytes` (default: the host's) sizes the reduce blocks and
+  packed panels (blocking)."""
   if type(parallel) is not str or parallel not in PARALLEL_MODES:
     raise UnsupportedError(f"parallel must be one of {PARALLEL_MODES}, got {parallel!r}")
   if type(min_parallel_work) is not int or min_parallel_work < 0:
@@ -138,6 +168,9 @@ def native_capabilities(vector_width: Optional[int] = None, threads: Optional[in
   if type(width) is not int or not 1 <= width <= 64 or width & (width - 1):
     raise UnsupportedError(f"vector_width must be a power of two in [1, 64], got {width!r}")
   n = _check_threads(threads if threads is not None else (getconfig().CPU_THREADS or host_threads()))
+  if l2_bytes is not None and (type(l2_bytes) is not int or not L2_BOUNDS[0] <= l2_bytes <= L2_BOUNDS[1]):
+    raise UnsupportedError(f"l2_bytes must be an int in [{L2_BOUNDS[0]}, {L2_BOUNDS[1]}], got {l2_bytes!r}")
+  reduce_block, panel_elements = blocking(l2_bytes if l2_bytes is not None else host_l2_bytes())
   # pin_loads: vector loads pinned to a register (an empty asm), so GCC reads each once instead of folding it into
   # every op; masked_loads: a padded conv's contiguous gated input as one masked vector load; split_borders: its
   # interior as a copy with plain loads (rule cpu.padded_interior, passes/borders.py); deinterleave: a stride-2
@@ -151,7 +184,7 @@ def native_capabilities(vector_width: Optional[int] = None, threads: Optional[in
                  schedule="static", min_parallel_work=min_parallel_work, interchange=True,
                  pin_loads=_VECTOR_REG.get(platform.machine().lower()), masked_loads=True, masked_stores=True,
                  split_borders=True,
-                 deinterleave=True, reduce_block=REDUCE_BLOCK, panel_elements=PANEL_ELEMENTS, stream_stores=True,
+                 deinterleave=True, reduce_block=reduce_block, panel_elements=panel_elements, stream_stores=True,
                  stream_min=STREAM_MIN,
                  fused_accumulate=isa.fma if fused_accumulate is None else fused_accumulate)
 
@@ -174,8 +207,9 @@ class NativeCRenderer(CRenderer):
 
   def __init__(self, vector_width: Optional[int] = None, threads: Optional[int] = None, parallel: str = "pthread",
                min_parallel_work: int = MIN_PARALLEL_WORK, fused_accumulate: Optional[bool] = None,
-               march: Optional[str] = None, isa: Optional[IsaFacts] = None):
-    self.caps = native_capabilities(vector_width, threads, parallel, min_parallel_work, fused_accumulate, march, isa)
+               march: Optional[str] = None, isa: Optional[IsaFacts] = None, l2_bytes: Optional[int] = None):
+    self.caps = native_capabilities(vector_width, threads, parallel, min_parallel_work, fused_accumulate, march, isa,
+                                    l2_bytes)
 
   def __repr__(self) -> str:
     c = self.caps
