@@ -171,6 +171,28 @@ def test_every_parallel_kernel_shares_one_pool():
     counts.append(_threads_now())
   assert max(counts) == counts[0], counts
 
+def test_pool_workers_spin_briefly_then_sleep():
+  """A worker spins for the next launch for POOL_SPIN_NS (0.1 ms), then sleeps: launches back to back and after
+  gaps longer than the spin all give numpy's numbers, and over a 0.3 s pause after them the process uses almost no
+  CPU (a worker that never stopped spinning would use the whole pause; the bound leaves 0.1 s for the host)."""
+  import time
+  from kernopt import ast as A
+  from kernopt.renderers.native import POOL_SPIN_NS
+  n = 1 << 16
+  dev = Device.open("CPU", threads=2, parallel="pthread", min_parallel_work=0)
+  runner = dev.compile(Kernel(A.kernel(A.store(0, A.add(A.load(1, dtypes.float, (n,)), 1.0))),
+                              opts=dev.renderer).hand_coded_optimizations().to_program())
+  x = np.random.default_rng(3).standard_normal(n).astype(np.float32)
+  xb = Buffer(dev, n, dtypes.float).copyin(x)
+  for gap in (0, 0, 10 * POOL_SPIN_NS / 1e9, 0, 2 * POOL_SPIN_NS / 1e9, 0.02):
+    time.sleep(gap)
+    out = Buffer(dev, n, dtypes.float)
+    runner(out, xb, wait=True)
+    np.testing.assert_array_equal(out.numpy(), x + np.float32(1))
+  c0 = time.process_time()
+  time.sleep(0.3)
+  assert time.process_time() - c0 < 0.1
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
 def test_a_child_forked_during_a_launch_on_another_thread_can_launch():
   """fork while another thread is inside a parallel launch (an independent tester: the child inherited the pool's
