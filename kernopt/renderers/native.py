@@ -353,7 +353,7 @@ class NativeCRenderer(CRenderer):
     return _pthread_kernel(self, ctx, name, params, body, preamble)
 
 # The pthread pool: one per process, shared by every parallel kernel (POOL_SOURCE, built and loaded once by the CPU
-# device; kernels declare POOL_ABI and call it). Workers spin for POOL_SPIN_NS after a launch (unless it asked for
+# device; kernels declare POOL_ABI and call it). Workers spin for POOL_SPIN_NS after a launch (unless the pool has
 # more threads than the host has CPUs), then sleep on a condition variable until the next; a launch
 # publishes a job under a new generation, runs chunks itself and waits only for chunks other workers have claimed,
 # never for a worker that has not woken (on a busy machine the launching thread may do all the work). Claims carry
@@ -365,7 +365,7 @@ POOL_ABI = """typedef struct { long long gen; int have, first, chunks; } ko_ctx_
 extern void ko_pool1_launch(void (*fn)(void*, ko_ctx_t*), void* args, int chunks, int threads);
 extern int ko_pool1_claim(ko_ctx_t* c);"""
 
-# how long a worker spins for the next launch before it sleeps: waking a sleeping thread took 0.1-0.2 ms on a VM, per
+# how long a worker spins for the next launch before it sleeps: waking a sleeping thread took up to 0.2 ms on a VM, per
 # launch (conv_64x56 on 2 threads, AMD EPYC Zen 4, 4 alternated processes: medians 1.23-1.47 ms sleeping at once,
 # 1.22-1.28 spinning); libgomp and OpenBLAS spin for longer
 POOL_SPIN_NS = 100_000
@@ -472,7 +472,9 @@ void ko_pool1_launch(void (*fn)(void*, ko_ctx_t*), void* args, int chunks, int t
     pthread_detach(th);
   }
   pthread_mutex_lock(&ko_mu);
-  ko_job = (ko_job_t){fn, args, chunks, threads <= ko_cpus};   /* more threads than CPUs: a spinner takes a CPU */
+  /* a pool of more threads than CPUs doesn't spin: every worker is woken, and spinners would take the CPUs of the
+     threads with work (once some launch grew it past them: a later 2-thread launch's p90 0.11 -> 0.4 ms) */
+  ko_job = (ko_job_t){fn, args, chunks, ko_workers < ko_cpus};
   __atomic_store_n(&ko_done, 0, __ATOMIC_RELAXED);
   __atomic_store_n(&ko_gen, ko_gen + 1, __ATOMIC_RELEASE);   /* read by spinning workers outside ko_mu */
   __atomic_store_n(&ko_state, ko_gen << 24, __ATOMIC_RELEASE);
