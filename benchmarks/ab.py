@@ -7,7 +7,8 @@ this tree is faster). Codegen also gets each tree's least thread time over every
 on a host whose speed changes for seconds at a time (a shared vCPU), medians move with it, the least CPU time of
 each tree much less.
 With --pairs N, each workload's cold codegen is also timed in one long-lived process per tree, the two alternated call
-by call, N pairs: the median of the per-pair ratios.
+by call, N pairs: the median of the per-pair ratios, and that median over the quiet pairs only (both times within
+QUIET of their tree's least), with their count.
 Usage: python3 benchmarks/ab.py --base REV [--rounds 5] [--repeats 7] [--workloads W1,W4] [--threads 1,2]
                                 [--profile native|static] [--asts benchmarks/asts/mlp_l1.json,...] [--pairs 200]"""
 from __future__ import annotations
@@ -20,6 +21,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from typing import Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -105,10 +107,17 @@ for line in sys.stdin:
   print(time.thread_time() - c0, flush=True)
 '''
 
-def paired_codegen(base: str, names: list[str], pairs: int, threads: int) -> dict[str, tuple[float, float, float]]:
+# a pair is quiet when both its times are within this factor of their tree's least time over the pairs
+QUIET = 1.15
+
+def paired_codegen(base: str, names: list[str], pairs: int,
+                   threads: int) -> dict[str, tuple[float, float, float, Optional[float], int]]:
   """Cold codegen of each workload (name, or AST file path) timed in one long-lived process per tree, the two
   alternated call by call (the first of each pair swapped every pair), so both meet the same host speed within a few
-  milliseconds: per workload (median base/this ratio over the pairs, base's median ms, this tree's median ms)."""
+  milliseconds: per workload (median base/this ratio over the pairs, base's median ms, this tree's median ms, the
+  median ratio over the quiet pairs (None when none), their count). A quiet pair has both times within QUIET of
+  their tree's least: this host's slow phases slow the two trees by different factors (W5 +11% base, +75% this
+  tree in one stretch), so the all-pairs median moves with how much of the run they cover."""
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
   procs = {who: subprocess.Popen([sys.executable, "-c", PAIRED_DRIVER, tree, str(threads)], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True, env=env, cwd=tree)
@@ -127,8 +136,10 @@ def paired_codegen(base: str, names: list[str], pairs: int, threads: int) -> dic
       t: dict[str, list[float]] = {"base": [], "this": []}
       for i in range(pairs):
         for who in (("base", "this") if i % 2 == 0 else ("this", "base")): t[who].append(once(who, n))
+      lb, lh = min(t["base"]), min(t["this"])
+      quiet = [b / h for b, h in zip(t["base"], t["this"]) if b <= QUIET * lb and h <= QUIET * lh]
       out[n] = (statistics.median(b / h for b, h in zip(t["base"], t["this"])), 1e3 * statistics.median(t["base"]),
-                1e3 * statistics.median(t["this"]))
+                1e3 * statistics.median(t["this"]), statistics.median(quiet) if quiet else None, len(quiet))
   finally:
     for p in procs.values():
       if p.stdin is not None: p.stdin.close()
@@ -220,8 +231,10 @@ def main() -> None:
               f"{'same opts' if b['opts'] == h['opts'] else 'other opts'}")
       if a.pairs:
         paired = paired_codegen(base, names + list(asts), a.pairs, t)
-        print(f"  paired codegen ({a.pairs} alternated pairs, one process per tree): " + "; ".join(
-          f"{os.path.basename(n)} {bm:.2f} -> {hm:.2f} ms {r:.2f}x" for n, (r, bm, hm) in paired.items()))
+        print(f"  paired codegen ({a.pairs} alternated pairs, one process per tree; quiet: both within {QUIET}x of "
+              f"their least): " + "; ".join(
+                f"{os.path.basename(n)} {bm:.2f} -> {hm:.2f} ms {r:.2f}x, quiet "
+                f"{'-' if q is None else f'{q:.2f}x'} ({nq})" for n, (r, bm, hm, q, nq) in paired.items()))
   print("kernel base/this > 1: this tree's kernel is faster; ms columns are the last round's medians; least cpu: "
         "each tree's least codegen thread time over every repeat and round, and their ratio (a host with slow "
         "phases moves the medians; a quiet moment of each tree is still met)")
